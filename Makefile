@@ -1,0 +1,59 @@
+# pdsdk: `make demo` and `make test` do all set-up themselves on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip -q --disable-pip-version-check
+# The CPU build of torch first: a plain `torch` requirement would pull a CUDA build of several GB.
+TORCH  ?= torch==2.13.0
+EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd
+APT_PACKAGES := libibverbs1 redis-server etcd-server
+PYTEST := $(BIN)/pytest
+
+.PHONY: help venv deps install apt test test-fast demo bench clean
+
+help:
+	@echo "make demo       set up and run the main job"
+	@echo "make test       set up everything (venv, pip and apt packages) and run the whole suite"
+	@echo "make test-fast  the inner loop: unit and in-process tests (< 2 min)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip "setuptools>=77" wheel
+
+venv: $(BIN)/python
+
+# Third-party dependencies; redone when pyproject.toml changes.
+$(VENV)/.deps: pyproject.toml | $(BIN)/python
+	$(PIP) install $(TORCH)
+	$(PIP) install ".[$(EXTRAS)]"
+	@touch $@
+
+deps: $(VENV)/.deps
+
+# A regular (non-editable) install of this tree: tests run against what users get.
+install: deps
+	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
+
+# System packages the servers and libraries need; installed only when missing, and only as root.
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "warning: not root; install these yourself: $$missing"; exit 0; fi; \
+	echo "installing $$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
+test: apt install
+	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST)
+
+test-fast: install
+	$(PYTEST) -q -m "not slow"
+
+demo: install
+	$(BIN)/pdsdk doctor
+	$(BIN)/pdsdk plugins
+
+bench: install
+	$(BIN)/pdsdk bench transport --json bench-transport.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,97 @@
+"""The L3 store contract (DESIGN.md, "L3 store contract").
+
+Keys are content hashes of token pages chained from the prefix, so a page's key stands for the
+whole prefix before it: `contains` and `get` answer with the length of the hit *prefix*. Pages are
+byte buffers (bytes, memoryview, numpy arrays, CPU tensors via numpy()).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from pdsdk.plugins import notify
+
+Buffer = Any  # anything exposing the buffer protocol
+
+
+class Hints(msgspec.Struct, frozen=True, kw_only=True):
+    """L6 retention hints for pages being stored."""
+
+    priority: int = 0  # higher survives longer under pressure
+    ttl_s: float | None = None  # None: until evicted
+    pin: bool = False  # survives pressure until ttl_s ends
+    session: str | None = None  # agent/session the pages belong to
+    keep: bool = True  # False: not worth keeping (e.g. reasoning tokens); stored last-in, evicted first
+
+
+class StoreStats:
+    """Counters every store keeps; thread-safe; reported by `Store.stats()` and the hooks."""
+
+    FIELDS = ("hits", "misses", "puts", "bytes_in", "bytes_out", "evictions", "errors")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                self.counts[k] += v
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+class Store(ABC):
+    """A KV page store. Every method is thread-safe and never raises for a backend outage:
+    an unreachable backend answers with misses and counts an error."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._stats = StoreStats()
+
+    @abstractmethod
+    def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
+        """Store pages under keys; returns how many were stored (existing keys count as stored)."""
+
+    @abstractmethod
+    def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
+        """Copy the longest stored prefix of `keys` into the writable buffers `out`; returns its length."""
+
+    @abstractmethod
+    def contains(self, keys: Sequence[bytes]) -> int:
+        """Length of the prefix of `keys` that is stored."""
+
+    @abstractmethod
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Remove keys; returns how many were present."""
+
+    def stats(self) -> dict[str, Any]:
+        return {"store": self.name, **self._stats.snapshot()}
+
+    def close(self) -> None:
+        """Release connections and memory; a second call does nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # Helpers for implementations: count and tell the observation hooks.
+    def _record_get(self, hits: int, asked: int, nbytes: int) -> None:
+        self._stats.add(hits=hits, misses=asked - hits, bytes_out=nbytes)
+        if hits:
+            notify("pdsdk_store_hit", store=self.name, pages=hits, nbytes=nbytes)
+        if asked - hits:
+            notify("pdsdk_store_miss", store=self.name, pages=asked - hits)
+
+    def _record_evict(self, pages: int, nbytes: int, reason: str) -> None:
+        self._stats.add(evictions=pages)
+        notify("pdsdk_store_evict", store=self.name, pages=pages, nbytes=nbytes, reason=reason)

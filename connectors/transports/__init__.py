@@ -1,0 +1,15 @@
+"""L2 KV transports. Built-ins register here through the same hook as third-party transports."""
+
+from pdsdk.hookspecs import hookimpl
+
+# name -> (module:class, extra, required modules, summary); imported only when used.
+BUILTIN_TRANSPORTS: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
+    "local": ("pdsdk.connectors.transports.local:LocalTransport", None, (),
+              "same host: one-copy cross-memory attach (CPU), CUDA IPC (GPU)"),
+}
+
+
+@hookimpl
+def pdsdk_add_transports(registrar):
+    for name, (target, extra, requires, summary) in BUILTIN_TRANSPORTS.items():
+        registrar.add(name, target, extra=extra, requires=requires, summary=summary)

@@ -1,0 +1,332 @@
+"""The L2 transport contract (DESIGN.md, "L2 transport contract"), and what every transport shares.
+
+One-sided and page-oriented: a side registers memory regions, hands its `descriptor()` to the
+peer out of band, the peer `connect`s and posts `read`/`write` of span lists, then `poll`s. The
+base class validates spans, coalesces them, enforces deadlines and reports to the observation
+hooks; a transport implements only the `_`-prefixed backend methods.
+
+Failure is a state, never a hang: every transfer has a deadline, and a dead peer shows up as
+`Status("failed", reason)` by then at the latest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from pdsdk.errors import ConfigError, PdsdkError
+from pdsdk.kv import KVLayout, Region, Span, check_spans, coalesce, total_bytes
+from pdsdk.plugins import notify as notify_observers
+
+log = logging.getLogger(__name__)
+
+PENDING, DONE, FAILED = "pending", "done", "failed"
+
+
+class Status(msgspec.Struct, frozen=True):
+    state: str
+    reason: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state != PENDING
+
+
+STATUS_PENDING = Status(PENDING)
+STATUS_DONE = Status(DONE)
+
+
+def failed(reason: str) -> Status:
+    return Status(FAILED, reason)
+
+
+class TransportError(PdsdkError):
+    """A transport cannot do what was asked (bad descriptor, closed transport, wrong peer)."""
+
+
+class Descriptor(msgspec.Struct, frozen=True, kw_only=True):
+    """What a side sends its peer out of band (msgpack; never pickle)."""
+
+    transport: str
+    agent: str
+    host: str
+    layout: KVLayout
+    regions: list[Region]
+    meta: dict[str, Any] = {}  # backend handshake material
+
+
+@dataclass
+class Peer:
+    """A connected remote side."""
+
+    agent: str
+    host: str
+    regions: list[Region]
+    layout: KVLayout
+    backend: Any = None  # whatever the transport keeps per peer
+
+
+@dataclass
+class _Transfer:
+    op: str
+    peer: Peer
+    nbytes: int
+    started: float
+    deadline: float
+    backend: Any
+    status: Status = STATUS_PENDING
+
+
+@dataclass
+class TransportStats:
+    transfers: int = 0
+    failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class Transport(ABC):
+    """Base of every transport. Subclasses set OPTIONS and implement the backend methods."""
+
+    # Options a config may pass (name -> default); anything else is a ConfigError naming the choices.
+    OPTIONS: dict[str, Any] = {}
+
+    def __init__(self, *, name: str, layout: KVLayout, agent: str | None = None,
+                 transfer_timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
+                 host: str = "127.0.0.1", **options: Any):
+        unknown = set(options) - set(self.OPTIONS)
+        if unknown:
+            raise ConfigError(f"transport.options.{sorted(unknown)[0]}",
+                              f"unknown option for transport {name!r}; valid: "
+                              f"{', '.join(sorted(self.OPTIONS)) or 'none'}")
+        self.name = name
+        self.layout = layout
+        self.agent = agent or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.host = host
+        self.transfer_timeout_s = transfer_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.options = {**self.OPTIONS, **options}
+        self.regions: list[Region] = []
+        self._transfers: dict[int, _Transfer] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stats = TransportStats()
+        self._closed = False
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def register(self, regions: Sequence[Region]) -> None:
+        """Make regions readable/writable by peers. Spans name regions by their index, in
+        registration order (a later call appends). Register before sending `descriptor()`."""
+        self._check_open()
+        for i, r in enumerate(regions):
+            if r.length <= 0 or r.addr <= 0:
+                raise ValueError(f"region {len(self.regions) + i}: address {r.addr:#x} and length {r.length} "
+                                 "must both be positive")
+        self._register(list(regions))
+        self.regions.extend(regions)
+
+    def descriptor(self) -> bytes:
+        """Handshake material for the peer: agent, regions, layout fingerprint, backend metadata."""
+        self._check_open()
+        return msgspec.msgpack.encode(Descriptor(
+            transport=self.name, agent=self.agent, host=self.host, layout=self.layout,
+            regions=self.regions, meta=self._metadata()))
+
+    def connect(self, peer_descriptor: bytes) -> Peer:
+        """Connect to a peer; fails here, naming the field, when the KV layouts differ."""
+        self._check_open()
+        try:
+            d = msgspec.msgpack.decode(peer_descriptor, type=Descriptor)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise TransportError(f"{self.name}: peer descriptor is not a pdsdk descriptor ({e})") from None
+        if d.transport != self.name:
+            raise TransportError(f"peer {d.agent} uses transport {d.transport!r}, this side {self.name!r}; "
+                                 "configure both sides with the same transport")
+        self.layout.check_compatible(d.layout)
+        peer = Peer(agent=d.agent, host=d.host, regions=list(d.regions), layout=d.layout)
+        peer.backend = self._connect(d, peer)
+        return peer
+
+    def read(self, peer: Peer, local: Sequence[Span], remote: Sequence[Span], notify: bytes | None = None) -> int:
+        """Copy the peer's `remote` spans into our `local` spans. Returns a handle for `poll`.
+        `notify`, if given, is delivered to the peer's `notifications()` once the bytes are moved."""
+        return self._start("READ", peer, local, remote, notify)
+
+    def write(self, peer: Peer, local: Sequence[Span], remote: Sequence[Span], notify: bytes | None = None) -> int:
+        """Copy our `local` spans into the peer's `remote` spans; as `read` otherwise."""
+        return self._start("WRITE", peer, local, remote, notify)
+
+    def poll(self, handle: int) -> Status:
+        """pending, done, or failed(reason). Never blocks; a transfer past its deadline is failed."""
+        with self._lock:
+            t = self._transfers.get(handle)
+        if t is None:
+            raise TransportError(f"{self.name}: unknown transfer handle {handle}")
+        if t.status.final:
+            return t.status
+        try:
+            status = self._poll(t.backend)
+        except Exception as e:  # noqa: BLE001 - a backend error is a failed transfer, not a crash
+            status = failed(f"{type(e).__name__}: {e}")
+        if not status.final and time.monotonic() > t.deadline:
+            status = failed(f"deadline of {self.transfer_timeout_s:g}s passed ({t.op} of {t.nbytes} bytes "
+                            f"with {t.peer.agent})")
+        if status.final:
+            self._finish(handle, t, status)
+        return status
+
+    def wait(self, handle: int, timeout: float | None = None) -> Status:
+        """Poll until final or until `timeout` seconds pass (then still pending). Backs off to 1 ms."""
+        end = None if timeout is None else time.monotonic() + timeout
+        sleep = 0.0
+        while True:
+            status = self.poll(handle)
+            if status.final or (end is not None and time.monotonic() > end):
+                return status
+            time.sleep(sleep)
+            sleep = min(0.001, sleep * 2 or 2e-5)
+
+    def release(self, handle: int) -> None:
+        """Forget a finished transfer (poll keeps the final status until then)."""
+        with self._lock:
+            t = self._transfers.get(handle)
+            if t is not None and t.status.final:
+                del self._transfers[handle]
+
+    def notifications(self) -> list[tuple[str, bytes]]:
+        """(peer agent, message) for every notify delivered to this side since the last call."""
+        self._check_open()
+        return self._notifications()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, and `path`: what actually carries the bytes (and any warning about it)."""
+        s = self._stats
+        return {"transport": self.name, "agent": self.agent, "path": self.path(), "transfers": s.transfers,
+                "failed": s.failed, "bytes": s.bytes, "seconds": round(s.seconds, 6),
+                "gbps": round(s.bytes / s.seconds / 1e9, 3) if s.seconds else None,
+                "failures": dict(s.by_reason), **self._extra_stats()}
+
+    def close(self) -> None:
+        """Fail what is pending, release registered memory and connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            pending = [(h, t) for h, t in self._transfers.items() if not t.status.final]
+        for h, t in pending:
+            self._finish(h, t, failed("transport closed"))
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001
+            log.exception("%s: error while closing", self.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- backend hooks --------------------------------------------------------------------------
+
+    @abstractmethod
+    def path(self) -> str:
+        """What carries the bytes, e.g. "ucx(cma,tcp) DRAM->DRAM"."""
+
+    @abstractmethod
+    def _register(self, regions: list[Region]) -> None: ...
+
+    def _metadata(self) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def _connect(self, d: Descriptor, peer: Peer) -> Any: ...
+
+    @abstractmethod
+    def _post(self, op: str, peer: Peer, local: list[Span], remote: list[Span], notify: bytes | None) -> Any:
+        """Start moving coalesced spans; return a backend handle for `_poll`."""
+
+    @abstractmethod
+    def _poll(self, backend: Any) -> Status: ...
+
+    def _release(self, backend: Any, status: Status) -> None:
+        """Free backend resources of a finished (or abandoned) transfer."""
+
+    @abstractmethod
+    def _notifications(self) -> list[tuple[str, bytes]]: ...
+
+    def _extra_stats(self) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # --- shared machinery -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"transport {self.name} ({self.agent}) is closed")
+
+    def _start(self, op: str, peer: Peer, local: Sequence[Span], remote: Sequence[Span],
+               notify: bytes | None) -> int:
+        self._check_open()
+        check_spans(local, self.regions, "local")
+        check_spans(remote, peer.regions, "remote")
+        local, remote = coalesce(local, remote)
+        nbytes = total_bytes(local)
+        handle = next(self._ids)
+        now = time.monotonic()
+        try:
+            backend = self._post(op, peer, local, remote, notify)
+            status = STATUS_PENDING
+        except Exception as e:  # noqa: BLE001 - a peer that is gone fails the transfer, it does not raise
+            backend, status = None, failed(f"{type(e).__name__}: {e}")
+        t = _Transfer(op, peer, nbytes, now, now + self.transfer_timeout_s, backend)
+        with self._lock:
+            self._transfers[handle] = t
+        notify_observers("pdsdk_transfer_started", transport=self.name, transfer_id=f"{self.agent}/{handle}",
+                         peer=peer.agent, nbytes=nbytes, spans=len(local))
+        if status.final:
+            self._finish(handle, t, status)
+        return handle
+
+    def _finish(self, handle: int, t: _Transfer, status: Status) -> None:
+        with self._lock:
+            if t.status.final:
+                return
+            t.status = status
+        seconds = time.monotonic() - t.started
+        try:
+            self._release(t.backend, status)
+        except Exception:  # noqa: BLE001
+            log.debug("%s: release failed", self.name, exc_info=True)
+        tid = f"{self.agent}/{handle}"
+        if status.state == DONE:
+            self._stats.transfers += 1
+            self._stats.bytes += t.nbytes
+            self._stats.seconds += seconds
+            notify_observers("pdsdk_transfer_finished", transport=self.name, transfer_id=tid, peer=t.peer.agent,
+                             nbytes=t.nbytes, seconds=seconds, path=self.path())
+            self._observe_rate(t, seconds)
+        else:
+            self._stats.failed += 1
+            key = (status.reason or "?").split(" (")[0][:80]
+            self._stats.by_reason[key] = self._stats.by_reason.get(key, 0) + 1
+            log.warning("%s: %s with %s failed: %s", self.name, t.op, t.peer.agent, status.reason)
+            notify_observers("pdsdk_transfer_failed", transport=self.name, transfer_id=tid, peer=t.peer.agent,
+                             reason=status.reason)
+
+    def _observe_rate(self, t: _Transfer, seconds: float) -> None:
+        """Hook for transports that check the achieved rate against their expected path."""

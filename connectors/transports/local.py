@@ -1,0 +1,289 @@
+"""`local`: the same-host fast path.
+
+Host memory moves with one copy straight between the two address spaces
+(`process_vm_readv`/`process_vm_writev`, the kernel's cross-memory attach): no shared-memory
+staging, no socket, and the peer spends no CPU. GPU memory moves through CUDA IPC handles: the
+peer's allocation is opened in this process and one gather kernel copies every page over
+NVLink/PCIe. Notifications travel on a small control channel.
+
+Works only between processes on one host (checked at connect); use nixl or mooncake across hosts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdsdk.connectors.transports.base import (
+    STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, TransportError, failed,
+)
+from pdsdk.connectors.transports.buffers import cuda_index
+from pdsdk.connectors.transports.control import ControlChannel
+from pdsdk.kv import Region, Span
+
+IOV_MAX = 1024
+MAX_CALL_BYTES = 1 << 30  # the kernel moves at most ~2 GiB per call
+_libc = ctypes.CDLL(None, use_errno=True)
+for _fn in (_libc.process_vm_readv, _libc.process_vm_writev):
+    _fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    _fn.restype = ctypes.c_ssize_t
+
+
+def host_identity() -> str:
+    """Same value in two processes iff they can reach each other's memory: boot id + pid namespace."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def _cma(op: str, pid: int, local: list[Span], remote: list[Span],
+         local_regions: list[Region], remote_regions: list[Region]) -> None:
+    """Move span pairs with as few syscalls as possible (up to IOV_MAX pairs per call)."""
+    call = _libc.process_vm_readv if op == "READ" else _libc.process_vm_writev
+    pairs = []
+    for a, b in zip(local, remote):  # split huge spans: one call moves at most MAX_CALL_BYTES
+        for off in range(0, a.length, MAX_CALL_BYTES):
+            n = min(MAX_CALL_BYTES, a.length - off)
+            pairs.append((local_regions[a.region].addr + a.offset + off, remote_regions[b.region].addr + b.offset + off, n))
+    for start in range(0, len(pairs), IOV_MAX):
+        chunk = np.array(pairs[start:start + IOV_MAX], dtype=np.uint64)
+        liov = np.ascontiguousarray(chunk[:, [0, 2]])
+        riov = np.ascontiguousarray(chunk[:, [1, 2]])
+        want = int(chunk[:, 2].sum())
+        done = call(pid, liov.ctypes.data, len(chunk), riov.ctypes.data, len(chunk), 0)
+        if done < 0:
+            err = ctypes.get_errno()
+            if err == errno.ESRCH:
+                raise ConnectionError(f"peer process {pid} is gone")
+            raise OSError(err, f"{call.__name__} from pid {pid}: {os.strerror(err)}")
+        if done != want:  # partial: only when part of the peer's range is unmapped
+            raise OSError(errno.EFAULT, f"{call.__name__} moved {done} of {want} bytes; peer memory unmapped?")
+
+
+class _CudaIpc:
+    """CUDA IPC through the runtime and driver libraries that torch already loaded."""
+
+    HANDLE_BYTES = 64
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.cuda.init()
+        self.torch = torch
+        self.cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.opened: dict[bytes, int] = {}
+
+    def export(self, region: Region) -> dict[str, Any]:
+        """IPC handle of the allocation holding the region, and the region's offset in it."""
+        with self.torch.cuda.device(cuda_index(region.device)):
+            base, size = ctypes.c_uint64(), ctypes.c_size_t()
+            self._check(self.cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                                          ctypes.c_uint64(region.addr)), "cuMemGetAddressRange")
+            handle = ctypes.create_string_buffer(self.HANDLE_BYTES)
+            self._check(self.cudart.cudaIpcGetMemHandle(handle, ctypes.c_void_p(base.value)), "cudaIpcGetMemHandle")
+        return {"handle": handle.raw, "offset": region.addr - base.value}
+
+    def open(self, exported: dict[str, Any], device: int) -> int:
+        """Address, in this process, of the peer's region."""
+        key = exported["handle"]
+        if key not in self.opened:
+            with self.torch.cuda.device(device):
+                ptr = ctypes.c_void_p()
+                handle = ctypes.create_string_buffer(key, self.HANDLE_BYTES)
+                # cudaIpcMemHandle_t is passed by value: a 64-byte struct.
+                arg = (ctypes.c_byte * self.HANDLE_BYTES).from_buffer(handle)
+                self._check(self.cudart.cudaIpcOpenMemHandle(ctypes.byref(ptr), arg, 1), "cudaIpcOpenMemHandle")
+            self.opened[key] = ptr.value
+        return self.opened[key] + exported["offset"]
+
+    def close(self) -> None:
+        for ptr in self.opened.values():
+            self.cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(ptr))
+        self.opened.clear()
+
+    @staticmethod
+    def _check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise TransportError(f"{what} failed with CUDA error {rc}")
+
+
+class LocalTransport(Transport):
+    OPTIONS = {"threads": 2}  # host copies run on this many threads (the peer spends no CPU)
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._identity = host_identity()
+        self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self._control = ControlChannel(self.agent, self.host, self._on_message)
+        self._pool = ThreadPoolExecutor(int(self.options["threads"]), thread_name_prefix=f"pdsdk-local-{self.agent}")
+        self._ipc: _CudaIpc | None = None
+        self._exports: list[dict[str, Any] | None] = []
+        self._gpu_streams: dict[int, Any] = {}
+        self._lock_ipc = threading.Lock()
+
+    def path(self) -> str:
+        devices = {r.device.split(":")[0] for r in self.regions} or {"cpu"}
+        return "+".join(sorted({"cpu": "cma", "cuda": "cuda-ipc"}[d] for d in devices))
+
+    def _register(self, regions: list[Region]) -> None:
+        for r in regions:
+            if cuda_index(r.device) is None:
+                self._exports.append(None)
+            else:
+                self._exports.append(self._cuda().export(r))
+
+    def _cuda(self) -> _CudaIpc:
+        with self._lock_ipc:
+            if self._ipc is None:
+                self._ipc = _CudaIpc()
+            return self._ipc
+
+    def _metadata(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "identity": self._identity, "control": self._control.address,
+                "exports": self._exports}
+
+    def _connect(self, d: Descriptor, peer: Peer) -> Any:
+        if d.meta.get("identity") != self._identity:
+            raise TransportError(f"transport 'local' moves memory between processes of one host; peer {d.agent} "
+                                 f"on {d.host} is on another host or pid namespace: use nixl or mooncake")
+        meta = dict(d.meta)
+        meta["addrs"] = {}  # region index -> address of the peer's GPU region, opened here on first use
+        return meta
+
+    def _remote_cuda_addr(self, peer: Peer, index: int, device: int) -> int:
+        meta = peer.backend
+        if index not in meta["addrs"]:
+            meta["addrs"][index] = self._cuda().open(meta["exports"][index], device)
+        return meta["addrs"][index]
+
+    def _post(self, op: str, peer: Peer, local: list[Span], remote: list[Span], notify: bytes | None) -> Any:
+        on_gpu = [cuda_index(self.regions[s.region].device) is not None for s in local]
+        on_gpu += [cuda_index(peer.regions[s.region].device) is not None for s in remote]
+        if any(on_gpu):
+            if not all(on_gpu):
+                raise TransportError("local: host<->GPU transfers are not supported; register both sides on GPU "
+                                     "or both on host")
+            future = self._copy_gpu(op, peer, local, remote)
+        else:
+            future = self._copy_host(op, peer, local, remote)
+        return future, peer, notify
+
+    def _copy_host(self, op: str, peer: Peer, local: list[Span], remote: list[Span]) -> Future:
+        pid = peer.backend["pid"]
+        threads = int(self.options["threads"])
+        total = sum(s.length for s in local)
+        if threads <= 1 or total < (8 << 20):
+            return self._pool.submit(_cma, op, pid, local, remote, self.regions, peer.regions)
+        # Large transfers: split into `threads` byte ranges so each core copies a part.
+        parts = _split(local, remote, total // threads + 1)
+        futures = [self._pool.submit(_cma, op, pid, lp, rp, self.regions, peer.regions) for lp, rp in parts]
+        return _all(futures)
+
+    def _copy_gpu(self, op: str, peer: Peer, local: list[Span], remote: list[Span]) -> Future:
+        from pdsdk.connectors.transports.buffers import torch_view
+
+        torch = self._cuda().torch
+        device = cuda_index(self.regions[local[0].region].device)
+        stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
+        with torch.cuda.stream(stream):
+            src_dst = []
+            for a, b in zip(local, remote):
+                la = self.regions[a.region].addr + a.offset
+                rb = self._remote_cuda_addr(peer, b.region, device) + b.offset
+                lt, rt = torch_view(la, a.length, f"cuda:{device}"), torch_view(rb, b.length, f"cuda:{device}")
+                src_dst.append((rt, lt) if op == "READ" else (lt, rt))
+            _gather_copy(torch, src_dst)
+            event = torch.cuda.Event()
+            event.record(stream)
+        future: Future = Future()
+        future.event = event  # polled, not waited
+        return future
+
+    def _poll(self, backend: Any) -> Status:
+        future, peer, notify = backend
+        event = getattr(future, "event", None)
+        if event is not None:
+            if not event.query():
+                return STATUS_PENDING
+        elif not future.done():
+            return STATUS_PENDING
+        elif future.exception() is not None:
+            e = future.exception()
+            return failed(f"{type(e).__name__}: {e}")
+        if notify is not None:
+            self._control.send(peer.backend["control"], {"op": "notify", "msg": notify})
+        return STATUS_DONE
+
+    def _on_message(self, sender: str, message: dict[str, Any]) -> None:
+        if message.get("op") == "notify":
+            self._notes.put((sender, message["msg"]))
+
+    def _notifications(self) -> list[tuple[str, bytes]]:
+        out = []
+        while not self._notes.empty():
+            out.append(self._notes.get_nowait())
+        return out
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._control.close()
+        if self._ipc is not None:
+            self._ipc.close()
+
+
+def _split(local: list[Span], remote: list[Span], part_bytes: int) -> list[tuple[list[Span], list[Span]]]:
+    """Cut span pairs into groups of about `part_bytes`, splitting spans where needed."""
+    parts: list[tuple[list[Span], list[Span]]] = [([], [])]
+    room = part_bytes
+    for a, b in zip(local, remote):
+        off = 0
+        while off < a.length:
+            n = min(room, a.length - off)
+            parts[-1][0].append(Span(a.region, a.offset + off, n))
+            parts[-1][1].append(Span(b.region, b.offset + off, n))
+            off += n
+            room -= n
+            if room == 0:
+                parts.append(([], []))
+                room = part_bytes
+    return [p for p in parts if p[0]]
+
+
+def _all(futures: list[Future]) -> Future:
+    """One future that completes when all do, with the first exception."""
+    combined: Future = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(f: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if combined.done():
+                return
+            if f.exception() is not None:
+                combined.set_exception(f.exception())
+            elif remaining[0] == 0:
+                combined.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(done)
+    return combined
+
+
+def _gather_copy(torch: Any, src_dst: list[tuple[Any, Any]]) -> None:
+    """Copy many equal-sized spans with one gather kernel; fall back to one copy per span."""
+    sizes = {s.numel() for s, _ in src_dst}
+    if len(src_dst) > 1 and len(sizes) == 1:
+        # torch._foreach_copy_ launches one fused kernel over all pairs.
+        torch._foreach_copy_([d for _, d in src_dst], [s for s, _ in src_dst])
+    else:
+        for s, d in src_dst:
+            d.copy_(s, non_blocking=True)

@@ -1,0 +1,1 @@
+"""Engine x transport x store combinations: runner, load generator, reports."""

@@ -1,0 +1,5 @@
+import sys
+
+from pdsdk.cli import main
+
+sys.exit(main())

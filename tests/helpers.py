@@ -1,0 +1,34 @@
+"""Shared test helpers (importable as `helpers`: pyproject puts tests/ on sys.path).
+
+Tests import pdsdk from the installed package, never from the tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# True in `make test`: a plugin that cannot load is a failure there, not a skip.
+REQUIRE_ALL = os.environ.get("PDSDK_REQUIRE_ALL_PLUGINS") == "1"
+
+
+def pdsdk_cli() -> str:
+    """The installed console script beside the interpreter running the tests."""
+    return shutil.which("pdsdk", path=str(Path(sys.executable).parent)) or "pdsdk"
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([pdsdk_cli(), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def need_plugin(spec) -> None:
+    """Skip (or fail, under PDSDK_REQUIRE_ALL_PLUGINS=1) when a plugin cannot load here."""
+    why = spec.why_not
+    if why:
+        (pytest.fail if REQUIRE_ALL else pytest.skip)(f"{spec.kind} {spec.name} cannot load here: {why}")

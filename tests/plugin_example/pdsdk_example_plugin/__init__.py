@@ -1,0 +1,1 @@
+"""A third-party pdsdk plugin, as small as one can be."""
