@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 
 import msgspec
+import numpy as np
 
 from pdsdk.errors import ConfigError, LayoutMismatch
 
@@ -106,54 +107,111 @@ class Span(msgspec.Struct, frozen=True, array_like=True):
         return self.offset + self.length
 
 
+SpanArray = np.ndarray  # int64, shape (n, 3): region, offset, length per row
+
+
+def span_array(spans: Sequence[Span] | np.ndarray) -> np.ndarray:
+    """Spans as an (n, 3) int64 array, the form the hot path works on (no per-span Python)."""
+    if isinstance(spans, np.ndarray):
+        if spans.ndim != 2 or spans.shape[1] != 3:
+            raise ValueError(f"a span array has shape (n, 3) (region, offset, length), got {spans.shape}")
+        return spans.astype(np.int64, copy=False)
+    if not len(spans):
+        return np.zeros((0, 3), dtype=np.int64)
+    return np.array([(s.region, s.offset, s.length) for s in spans], dtype=np.int64)
+
+
+def to_spans(array: np.ndarray) -> list[Span]:
+    return [Span(int(r), int(o), int(n)) for r, o, n in array]
+
+
 def page_spans(region: int, page_ids: Iterable[int], page_bytes: int,
-               *, base: int = 0, stride: int | None = None) -> list[Span]:
+               *, base: int = 0, stride: int | None = None) -> np.ndarray:
     """Spans of whole pages `page_ids` in a region holding pages every `stride` bytes from `base`."""
-    stride = page_bytes if stride is None else stride
-    return [Span(region, base + int(p) * stride, page_bytes) for p in page_ids]
+    ids = np.asarray(list(page_ids) if not isinstance(page_ids, np.ndarray) else page_ids, dtype=np.int64)
+    out = np.empty((len(ids), 3), dtype=np.int64)
+    out[:, 0] = region
+    out[:, 1] = base + ids * (page_bytes if stride is None else stride)
+    out[:, 2] = page_bytes
+    return out
 
 
-def check_spans(spans: Sequence[Span], regions: Sequence[Region], side: str) -> None:
-    """Raise ValueError for an empty or out-of-range span, naming its index and the region size."""
-    for i, s in enumerate(spans):
-        if s.length <= 0:
-            raise ValueError(f"{side} span {i} has length {s.length}; spans must cover at least one byte")
-        if not 0 <= s.region < len(regions):
-            raise ValueError(f"{side} span {i} names region {s.region}; {len(regions)} region(s) are registered")
-        if s.offset < 0 or s.end > regions[s.region].length:
-            raise ValueError(f"{side} span {i} [{s.offset}, {s.end}) is outside region {s.region} "
-                             f"of {regions[s.region].length} bytes")
+def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], side: str) -> np.ndarray:
+    """The spans as an array; ValueError for an empty or out-of-range span, naming the first bad one."""
+    arr = span_array(spans)
+    if not len(arr):
+        return arr
+    sizes = np.array([r.length for r in regions], dtype=np.int64)
+    empty = arr[:, 2] <= 0
+    bad_region = (arr[:, 0] < 0) | (arr[:, 0] >= len(regions))
+    bad_range = np.zeros(len(arr), dtype=bool)
+    ok = ~bad_region
+    bad_range[ok] = (arr[ok, 1] < 0) | (arr[ok, 1] + arr[ok, 2] > sizes[arr[ok, 0]])
+    bad = np.flatnonzero(empty | bad_region | bad_range)
+    if len(bad):
+        i = int(bad[0])
+        region, offset, length = (int(x) for x in arr[i])
+        if empty[i]:
+            raise ValueError(f"{side} span {i} has length {length}; spans must cover at least one byte")
+        if bad_region[i]:
+            raise ValueError(f"{side} span {i} names region {region}; {len(regions)} region(s) are registered")
+        raise ValueError(f"{side} span {i} [{offset}, {offset + length}) is outside region {region} "
+                         f"of {regions[region].length} bytes")
+    return arr
 
 
-def coalesce(local: Sequence[Span], remote: Sequence[Span]) -> tuple[list[Span], list[Span]]:
+def coalesce(local: Sequence[Span] | np.ndarray, remote: Sequence[Span] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge span pairs that continue each other on both sides into runs.
 
     Pairs are matched by position and must have equal lengths. The result moves exactly the same
     bytes to the same places, ordered by local address, with no two neighbours left mergeable.
+    Vectorized: thousands of pages coalesce in well under a millisecond.
     """
-    if len(local) != len(remote):
-        raise ValueError(f"{len(local)} local spans but {len(remote)} remote spans; they pair up one to one")
-    pairs = []
-    for i, (a, b) in enumerate(zip(local, remote)):
-        if a.length != b.length:
-            raise ValueError(f"span pair {i}: local length {a.length} != remote length {b.length}")
-        if a.length:
-            pairs.append((a, b))
-    pairs.sort(key=lambda p: (p[0].region, p[0].offset, p[1].region, p[1].offset))
-    out_l: list[Span] = []
-    out_r: list[Span] = []
-    for a, b in pairs:
-        if out_l:
-            pa, pb = out_l[-1], out_r[-1]
-            if (pa.region == a.region and pa.end == a.offset
-                    and pb.region == b.region and pb.end == b.offset):
-                out_l[-1] = Span(pa.region, pa.offset, pa.length + a.length)
-                out_r[-1] = Span(pb.region, pb.offset, pb.length + b.length)
-                continue
-        out_l.append(a)
-        out_r.append(b)
-    return out_l, out_r
+    a, b = span_array(local), span_array(remote)
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} local spans but {len(b)} remote spans; they pair up one to one")
+    unequal = np.flatnonzero(a[:, 2] != b[:, 2])
+    if len(unequal):
+        i = int(unequal[0])
+        raise ValueError(f"span pair {i}: local length {a[i, 2]} != remote length {b[i, 2]}")
+    keep = a[:, 2] > 0
+    a, b = a[keep], b[keep]
+    if not len(a):
+        return a, b
+    order = np.lexsort((b[:, 1], b[:, 0], a[:, 1], a[:, 0]))
+    a, b = a[order], b[order]
+    continues = ((a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + a[:-1, 2])
+                 & (b[1:, 0] == b[:-1, 0]) & (b[1:, 1] == b[:-1, 1] + b[:-1, 2]))
+    starts = np.concatenate(([0], np.flatnonzero(~continues) + 1))
+    lengths = np.add.reduceat(a[:, 2], starts)
+    a, b = a[starts], b[starts]
+    a[:, 2] = b[:, 2] = lengths
+    return a, b
 
 
-def total_bytes(spans: Iterable[Span]) -> int:
-    return sum(s.length for s in spans)
+def split_spans(local: np.ndarray, remote: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut span pairs longer than `max_bytes` into pieces of at most `max_bytes`."""
+    pieces = -(-local[:, 2] // max_bytes)
+    if (pieces <= 1).all():
+        return local, remote
+    rows = np.repeat(np.arange(len(local)), pieces)
+    first = np.concatenate(([0], np.cumsum(pieces)[:-1]))
+    k = np.arange(len(rows)) - np.repeat(first, pieces)  # piece number within its span
+    lengths = np.minimum(max_bytes, local[rows, 2] - k * max_bytes)
+    out = []
+    for side in (local, remote):
+        s = side[rows].copy()
+        s[:, 1] += k * max_bytes
+        s[:, 2] = lengths
+        out.append(s)
+    return out[0], out[1]
+
+
+def span_addresses(spans: np.ndarray, regions: Sequence[Region]) -> np.ndarray:
+    """Absolute start address of every span."""
+    bases = np.array([r.addr for r in regions], dtype=np.uint64)
+    return bases[spans[:, 0]] + spans[:, 1].astype(np.uint64)
+
+
+def total_bytes(spans: Sequence[Span] | np.ndarray) -> int:
+    return int(span_array(spans)[:, 2].sum())

@@ -4,6 +4,8 @@ from pdsdk.hookspecs import hookimpl
 
 # name -> (module:class, extra, required modules, summary); imported only when used.
 BUILTIN_TRANSPORTS: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
+    "nixl": ("pdsdk.connectors.transports.nixl:NixlTransport", "nixl", ("nixl",),
+             "NVIDIA NIXL over UCX (cma/tcp on host, cuda_ipc/NVLink, RDMA)"),
     "local": ("pdsdk.connectors.transports.local:LocalTransport", None, (),
               "same host: one-copy cross-memory attach (CPU), CUDA IPC (GPU)"),
 }

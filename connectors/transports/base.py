@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from pdsdk.errors import ConfigError, PdsdkError
-from pdsdk.kv import KVLayout, Region, Span, check_spans, coalesce, total_bytes
+from pdsdk.kv import KVLayout, Region, Span, check_spans, coalesce
 from pdsdk.plugins import notify as notify_observers
 
 log = logging.getLogger(__name__)
 
 PENDING, DONE, FAILED = "pending", "done", "failed"
+Spans = Sequence[Span] | np.ndarray
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -160,12 +162,13 @@ class Transport(ABC):
         peer.backend = self._connect(d, peer)
         return peer
 
-    def read(self, peer: Peer, local: Sequence[Span], remote: Sequence[Span], notify: bytes | None = None) -> int:
+    def read(self, peer: Peer, local: Spans, remote: Spans, notify: bytes | None = None) -> int:
         """Copy the peer's `remote` spans into our `local` spans. Returns a handle for `poll`.
+        Spans are lists of `Span` or (n, 3) int arrays (region, offset, length), paired by position.
         `notify`, if given, is delivered to the peer's `notifications()` once the bytes are moved."""
         return self._start("READ", peer, local, remote, notify)
 
-    def write(self, peer: Peer, local: Sequence[Span], remote: Sequence[Span], notify: bytes | None = None) -> int:
+    def write(self, peer: Peer, local: Spans, remote: Spans, notify: bytes | None = None) -> int:
         """Copy our `local` spans into the peer's `remote` spans; as `read` otherwise."""
         return self._start("WRITE", peer, local, remote, notify)
 
@@ -255,8 +258,8 @@ class Transport(ABC):
     def _connect(self, d: Descriptor, peer: Peer) -> Any: ...
 
     @abstractmethod
-    def _post(self, op: str, peer: Peer, local: list[Span], remote: list[Span], notify: bytes | None) -> Any:
-        """Start moving coalesced spans; return a backend handle for `_poll`."""
+    def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Any:
+        """Start moving coalesced spans ((n, 3) arrays, see pdsdk.kv); return a handle for `_poll`."""
 
     @abstractmethod
     def _poll(self, backend: Any) -> Status: ...
@@ -279,13 +282,14 @@ class Transport(ABC):
         if self._closed:
             raise TransportError(f"transport {self.name} ({self.agent}) is closed")
 
-    def _start(self, op: str, peer: Peer, local: Sequence[Span], remote: Sequence[Span],
+    def _start(self, op: str, peer: Peer, local: Spans, remote: Spans,
                notify: bytes | None) -> int:
         self._check_open()
-        check_spans(local, self.regions, "local")
-        check_spans(remote, peer.regions, "remote")
-        local, remote = coalesce(local, remote)
-        nbytes = total_bytes(local)
+        local, remote = coalesce(check_spans(local, self.regions, "local"),
+                                 check_spans(remote, peer.regions, "remote"))
+        if not len(local):
+            raise ValueError("nothing to transfer: no spans given")
+        nbytes = int(local[:, 2].sum())
         handle = next(self._ids)
         now = time.monotonic()
         try:

@@ -27,7 +27,7 @@ from pdsdk.connectors.transports.base import (
 )
 from pdsdk.connectors.transports.buffers import cuda_index
 from pdsdk.connectors.transports.control import ControlChannel
-from pdsdk.kv import Region, Span
+from pdsdk.kv import Region, span_addresses, split_spans
 
 IOV_MAX = 1024
 MAX_CALL_BYTES = 1 << 30  # the kernel moves at most ~2 GiB per call
@@ -43,26 +43,20 @@ def host_identity() -> str:
     return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
 
 
-def _cma(op: str, pid: int, local: list[Span], remote: list[Span],
-         local_regions: list[Region], remote_regions: list[Region]) -> None:
-    """Move span pairs with as few syscalls as possible (up to IOV_MAX pairs per call)."""
+def _cma(op: str, pid: int, laddr: np.ndarray, raddr: np.ndarray, lengths: np.ndarray) -> None:
+    """Move (local address, remote address, length) triples, IOV_MAX per system call."""
     call = _libc.process_vm_readv if op == "READ" else _libc.process_vm_writev
-    pairs = []
-    for a, b in zip(local, remote):  # split huge spans: one call moves at most MAX_CALL_BYTES
-        for off in range(0, a.length, MAX_CALL_BYTES):
-            n = min(MAX_CALL_BYTES, a.length - off)
-            pairs.append((local_regions[a.region].addr + a.offset + off, remote_regions[b.region].addr + b.offset + off, n))
-    for start in range(0, len(pairs), IOV_MAX):
-        chunk = np.array(pairs[start:start + IOV_MAX], dtype=np.uint64)
-        liov = np.ascontiguousarray(chunk[:, [0, 2]])
-        riov = np.ascontiguousarray(chunk[:, [1, 2]])
-        want = int(chunk[:, 2].sum())
-        done = call(pid, liov.ctypes.data, len(chunk), riov.ctypes.data, len(chunk), 0)
+    for start in range(0, len(lengths), IOV_MAX):
+        n = slice(start, start + IOV_MAX)
+        liov = np.ascontiguousarray(np.column_stack((laddr[n], lengths[n])), dtype=np.uint64)
+        riov = np.ascontiguousarray(np.column_stack((raddr[n], lengths[n])), dtype=np.uint64)
+        want = int(lengths[n].sum())
+        done = call(pid, liov.ctypes.data, len(liov), riov.ctypes.data, len(riov), 0)
         if done < 0:
             err = ctypes.get_errno()
             if err == errno.ESRCH:
                 raise ConnectionError(f"peer process {pid} is gone")
-            raise OSError(err, f"{call.__name__} from pid {pid}: {os.strerror(err)}")
+            raise OSError(err, f"{call.__name__} with pid {pid}: {os.strerror(err)}")
         if done != want:  # partial: only when part of the peer's range is unmapped
             raise OSError(errno.EFAULT, f"{call.__name__} moved {done} of {want} bytes; peer memory unmapped?")
 
@@ -164,9 +158,9 @@ class LocalTransport(Transport):
             meta["addrs"][index] = self._cuda().open(meta["exports"][index], device)
         return meta["addrs"][index]
 
-    def _post(self, op: str, peer: Peer, local: list[Span], remote: list[Span], notify: bytes | None) -> Any:
-        on_gpu = [cuda_index(self.regions[s.region].device) is not None for s in local]
-        on_gpu += [cuda_index(peer.regions[s.region].device) is not None for s in remote]
+    def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Any:
+        on_gpu = [cuda_index(self.regions[i].device) is not None for i in np.unique(local[:, 0])]
+        on_gpu += [cuda_index(peer.regions[i].device) is not None for i in np.unique(remote[:, 0])]
         if any(on_gpu):
             if not all(on_gpu):
                 raise TransportError("local: host<->GPU transfers are not supported; register both sides on GPU "
@@ -176,29 +170,33 @@ class LocalTransport(Transport):
             future = self._copy_host(op, peer, local, remote)
         return future, peer, notify
 
-    def _copy_host(self, op: str, peer: Peer, local: list[Span], remote: list[Span]) -> Future:
+    def _copy_host(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         pid = peer.backend["pid"]
         threads = int(self.options["threads"])
-        total = sum(s.length for s in local)
-        if threads <= 1 or total < (8 << 20):
-            return self._pool.submit(_cma, op, pid, local, remote, self.regions, peer.regions)
-        # Large transfers: split into `threads` byte ranges so each core copies a part.
-        parts = _split(local, remote, total // threads + 1)
-        futures = [self._pool.submit(_cma, op, pid, lp, rp, self.regions, peer.regions) for lp, rp in parts]
-        return _all(futures)
+        total = int(local[:, 2].sum())
+        # Large transfers are cut into `threads` parts of about equal bytes, one per core.
+        part = max(8 << 20, -(-total // threads)) if threads > 1 else total
+        local, remote = split_spans(local, remote, min(part, MAX_CALL_BYTES))
+        laddr, raddr = span_addresses(local, self.regions), span_addresses(remote, peer.regions)
+        lengths = local[:, 2].astype(np.uint64)
+        cuts = np.searchsorted(np.cumsum(local[:, 2]), np.arange(1, threads) * part, side="right")
+        futures = [self._pool.submit(_cma, op, pid, la, ra, n)
+                   for la, ra, n in zip(np.split(laddr, cuts), np.split(raddr, cuts), np.split(lengths, cuts))
+                   if len(n)]
+        return futures[0] if len(futures) == 1 else _all(futures)
 
-    def _copy_gpu(self, op: str, peer: Peer, local: list[Span], remote: list[Span]) -> Future:
+    def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         from pdsdk.connectors.transports.buffers import torch_view
 
         torch = self._cuda().torch
-        device = cuda_index(self.regions[local[0].region].device)
+        device = cuda_index(self.regions[int(local[0, 0])].device)
         stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
         with torch.cuda.stream(stream):
             src_dst = []
-            for a, b in zip(local, remote):
-                la = self.regions[a.region].addr + a.offset
-                rb = self._remote_cuda_addr(peer, b.region, device) + b.offset
-                lt, rt = torch_view(la, a.length, f"cuda:{device}"), torch_view(rb, b.length, f"cuda:{device}")
+            laddr = span_addresses(local, self.regions)
+            for la, (region, offset, length) in zip(laddr.tolist(), remote.tolist()):
+                rb = self._remote_cuda_addr(peer, region, device) + offset
+                lt, rt = torch_view(la, length, f"cuda:{device}"), torch_view(rb, length, f"cuda:{device}")
                 src_dst.append((rt, lt) if op == "READ" else (lt, rt))
             _gather_copy(torch, src_dst)
             event = torch.cuda.Event()
@@ -237,24 +235,6 @@ class LocalTransport(Transport):
         self._control.close()
         if self._ipc is not None:
             self._ipc.close()
-
-
-def _split(local: list[Span], remote: list[Span], part_bytes: int) -> list[tuple[list[Span], list[Span]]]:
-    """Cut span pairs into groups of about `part_bytes`, splitting spans where needed."""
-    parts: list[tuple[list[Span], list[Span]]] = [([], [])]
-    room = part_bytes
-    for a, b in zip(local, remote):
-        off = 0
-        while off < a.length:
-            n = min(room, a.length - off)
-            parts[-1][0].append(Span(a.region, a.offset + off, n))
-            parts[-1][1].append(Span(b.region, b.offset + off, n))
-            off += n
-            room -= n
-            if room == 0:
-                parts.append(([], []))
-                room = part_bytes
-    return [p for p in parts if p[0]]
 
 
 def _all(futures: list[Future]) -> Future:

@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options", default="{}", help="transport options as JSON")
     p.add_argument("--timeout", type=float, default=30.0, help="transfer deadline in seconds")
     args = p.parse_args(argv)
+    # Keep the protocol on a private copy of stdout: libraries (NIXL) log to stdout.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     layout = KVLayout(**{"num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "page_size": 32,
                          **msgspec.json.decode(args.layout)})
     cls = registry().load("transport", args.transport)
@@ -70,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
                     **msgspec.json.decode(args.options))
     buf, region = allocate(args.bytes, args.device)
     transport.register([region])
-    out = sys.stdout
 
     def reply(obj: dict) -> None:
         out.write(msgspec.json.encode(obj).decode() + "\n")

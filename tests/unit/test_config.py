@@ -32,7 +32,7 @@ def test_fingerprint_round_trips_and_changes():
 
 
 def test_malformed_json_reports_line_and_column():
-    with pytest.raises(ConfigError, match=r"malformed JSON at line 2 column 13"):
+    with pytest.raises(ConfigError, match=r"malformed JSON at line 2 column 11: Expecting value"):
         load_config('{"transport": "nixl",\n "store": mem}')
 
 

@@ -3,7 +3,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdsdk import ConfigError, KVLayout, LayoutMismatch, Region, Span
-from pdsdk.kv import check_spans, coalesce, page_spans, total_bytes
+import numpy as np
+
+from pdsdk.kv import check_spans, coalesce, page_spans, span_array, split_spans, to_spans, total_bytes
 
 layouts = st.builds(
     KVLayout, num_layers=st.integers(1, 96), num_kv_heads=st.integers(1, 64), head_dim=st.sampled_from([32, 64, 128]),
@@ -83,21 +85,21 @@ UNIT = 4
 def test_coalesce_moves_the_same_bytes(pairs):
     local = [Span(r, o * UNIT, UNIT) for r, o, _, _ in pairs]
     remote = [Span(r, o * UNIT, UNIT) for _, _, r, o in pairs]
-    cl, cr = coalesce(local, remote)
+    cl, cr = (to_spans(x) for x in coalesce(local, remote))
     assert total_bytes(cl) == total_bytes(local) == total_bytes(cr)
     assert len(cl) <= len(local)
     assert _byte_map(cl, cr) == _byte_map(local, remote)
     # maximal: no two neighbours could still be merged
     for (a, b), (c, d) in zip(zip(cl, cr), zip(cl[1:], cr[1:])):
         assert not (a.region == c.region and a.end == c.offset and b.region == d.region and b.end == d.offset)
-    assert coalesce(cl, cr) == (cl, cr)  # idempotent
+    assert tuple(map(to_spans, coalesce(cl, cr))) == (cl, cr)  # idempotent
 
 
 @given(st.permutations(list(range(64))))
 def test_pages_in_any_order_coalesce_to_one_run(order):
     local = page_spans(0, order, 4096)
     remote = page_spans(1, order, 4096, base=8192)
-    cl, cr = coalesce(local, remote)
+    cl, cr = (to_spans(x) for x in coalesce(local, remote))
     assert cl == [Span(0, 0, 64 * 4096)] and cr == [Span(1, 8192, 64 * 4096)]
 
 
@@ -117,3 +119,19 @@ def test_check_spans_names_the_bad_span():
         check_spans([Span(0, 0, 0)], regions, "remote")
     with pytest.raises(ValueError, match="names region 3; 1 region"):
         check_spans([Span(3, 0, 1)], regions, "local")
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=20), st.integers(1, 16))
+def test_split_spans_keeps_bytes_and_bounds_pieces(lengths, max_bytes):
+    offsets = np.cumsum([0] + lengths[:-1])
+    local = span_array([Span(0, int(o), n) for o, n in zip(offsets, lengths)])
+    remote = local.copy()
+    remote[:, 1] += 1000
+    sl, sr = split_spans(local, remote, max_bytes)
+    assert (sl[:, 2] <= max_bytes).all() and sl[:, 2].sum() == sum(lengths)
+    assert _byte_map(to_spans(sl), to_spans(sr)) == _byte_map(to_spans(local), to_spans(remote))
+
+
+def test_span_array_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
+        span_array(np.zeros((2, 2)))
