@@ -7,7 +7,9 @@ byte buffers (bytes, memoryview, numpy arrays, CPU tensors via numpy()).
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +19,47 @@ import msgspec
 from pdsdk.plugins import notify
 
 Buffer = Any  # anything exposing the buffer protocol
+
+log = logging.getLogger("pdsdk.stores")
+
+
+def byte_view(buf: Buffer) -> memoryview:
+    """A flat byte view of a page or output buffer, without copying.
+
+    Torch tensors do not export the buffer protocol; their numpy view (of the raw bytes, so
+    bf16 works too) does."""
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        view = memoryview(buf.view(__import__("torch").uint8).numpy())
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class Backoff:
+    """Reconnect pacing for remote stores: after a failure, calls are answered locally (misses)
+    until the next attempt is due, so an outage costs the engine microseconds, not timeouts."""
+
+    def __init__(self, first_s: float = 0.2, max_s: float = 5.0):
+        self.first_s, self.max_s = first_s, max_s
+        self._delay = 0.0
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        return self._delay > 0
+
+    def ready(self) -> bool:
+        """True when a call may go to the backend (up, or a retry is due)."""
+        return self._delay == 0 or time.monotonic() >= self._next
+
+    def failed(self) -> None:
+        with self._lock:
+            self._delay = min(self.max_s, self._delay * 2 or self.first_s)
+            self._next = time.monotonic() + self._delay
+
+    def succeeded(self) -> None:
+        self._delay = 0.0
 
 
 class Hints(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +135,20 @@ class Store(ABC):
         if asked - hits:
             notify("pdsdk_store_miss", store=self.name, pages=asked - hits)
 
+    def _record_put(self, pages: int, nbytes: int) -> None:
+        self._stats.add(puts=pages, bytes_in=nbytes)
+
+    def _record_error(self, n: int = 1) -> None:
+        self._stats.add(errors=n)
+
+    def _report_evictions(self, victims: Sequence[tuple[bytes, int, str]]) -> None:
+        """Tell the hooks about (key, nbytes, reason) victims, one call per reason."""
+        for reason in {r for _, _, r in victims}:
+            sizes = [n for _, n, r in victims if r == reason]
+            self._record_evict(len(sizes), sum(sizes), reason)
+
     def _record_evict(self, pages: int, nbytes: int, reason: str) -> None:
+        if not pages:
+            return
         self._stats.add(evictions=pages)
         notify("pdsdk_store_evict", store=self.name, pages=pages, nbytes=nbytes, reason=reason)

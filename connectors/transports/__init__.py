@@ -6,6 +6,8 @@ from pdsdk.hookspecs import hookimpl
 BUILTIN_TRANSPORTS: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
     "nixl": ("pdsdk.connectors.transports.nixl:NixlTransport", "nixl", ("nixl",),
              "NVIDIA NIXL over UCX (cma/tcp on host, cuda_ipc/NVLink, RDMA)"),
+    "mooncake": ("pdsdk.connectors.transports.mooncake:MooncakeTransport", "mooncake", ("mooncake",),
+                 "Mooncake Transfer Engine, P2P handshake (tcp; rdma/nvlink when asked and present)"),
     "local": ("pdsdk.connectors.transports.local:LocalTransport", None, (),
               "same host: one-copy cross-memory attach (CPU), CUDA IPC (GPU)"),
 }

@@ -27,6 +27,7 @@ from pdsdk.connectors.transports.base import (
 )
 from pdsdk.connectors.transports.buffers import cuda_index
 from pdsdk.connectors.transports.control import ControlChannel
+from pdsdk.connectors.transports.futures import all_of, byte_parts
 from pdsdk.kv import Region, span_addresses, split_spans
 
 IOV_MAX = 1024
@@ -175,15 +176,12 @@ class LocalTransport(Transport):
         threads = int(self.options["threads"])
         total = int(local[:, 2].sum())
         # Large transfers are cut into `threads` parts of about equal bytes, one per core.
-        part = max(8 << 20, -(-total // threads)) if threads > 1 else total
+        part = max(8 << 20, -(-total // threads))
         local, remote = split_spans(local, remote, min(part, MAX_CALL_BYTES))
         laddr, raddr = span_addresses(local, self.regions), span_addresses(remote, peer.regions)
         lengths = local[:, 2].astype(np.uint64)
-        cuts = np.searchsorted(np.cumsum(local[:, 2]), np.arange(1, threads) * part, side="right")
-        futures = [self._pool.submit(_cma, op, pid, la, ra, n)
-                   for la, ra, n in zip(np.split(laddr, cuts), np.split(raddr, cuts), np.split(lengths, cuts))
-                   if len(n)]
-        return futures[0] if len(futures) == 1 else _all(futures)
+        return all_of([self._pool.submit(_cma, op, pid, laddr[p], raddr[p], lengths[p])
+                       for p in byte_parts(local[:, 2], threads)])
 
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         from pdsdk.connectors.transports.buffers import torch_view
@@ -235,27 +233,6 @@ class LocalTransport(Transport):
         self._control.close()
         if self._ipc is not None:
             self._ipc.close()
-
-
-def _all(futures: list[Future]) -> Future:
-    """One future that completes when all do, with the first exception."""
-    combined: Future = Future()
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def done(f: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            if combined.done():
-                return
-            if f.exception() is not None:
-                combined.set_exception(f.exception())
-            elif remaining[0] == 0:
-                combined.set_result(None)
-
-    for f in futures:
-        f.add_done_callback(done)
-    return combined
 
 
 def _gather_copy(torch: Any, src_dst: list[tuple[Any, Any]]) -> None:

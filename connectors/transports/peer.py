@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     transport.register([region])
 
     def reply(obj: dict) -> None:
-        out.write(msgspec.json.encode(obj).decode() + "\n")
-        out.flush()
+        try:
+            out.write(msgspec.json.encode(obj).decode() + "\n")
+            out.flush()
+        except BrokenPipeError:  # the parent is gone: nothing left to serve
+            os._exit(0)
 
     reply({"descriptor": base64.b64encode(transport.descriptor()).decode(), "pid": os.getpid()})
     peers = []
@@ -117,7 +120,9 @@ class PeerProcess:
                  options: dict | None = None, timeout: float = 30.0, env: dict | None = None):
         import subprocess
 
-        cmd = [sys.executable, "-m", "pdsdk.connectors.transports.peer", "--transport", transport,
+        # -P: do not put the working directory first on sys.path (a source checkout would shadow pdsdk)
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        cmd = [sys.executable, *safe_path, "-m", "pdsdk.connectors.transports.peer", "--transport", transport,
                "--bytes", str(nbytes), "--device", device, "--layout", msgspec.json.encode(layout or {}).decode(),
                "--options", msgspec.json.encode(options or {}).decode(), "--timeout", str(timeout)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -16,4 +16,5 @@ PARAM_FOR_KIND = {"store_name": "store", "transport_name": "transport", "policy_
 def pytest_generate_tests(metafunc):
     for param, kind in PARAM_FOR_KIND.items():
         if param in metafunc.fixturenames:
-            metafunc.parametrize(param, registry().names(kind))
+            # module scope: a module's tests can share one expensive set-up per plugin
+            metafunc.parametrize(param, registry().names(kind), scope="module")

@@ -1,11 +1,202 @@
-"""The L2 transport contract, run against every registered transport (filled by the transports work)."""
+"""The L2 transport contract, run against every registered transport, between real processes.
 
+The other side of each transfer is a `PeerProcess`: the same transport in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
 from helpers import need_plugin
 
-from pdsdk.plugins import registry
+import pdsdk
+from pdsdk import LayoutMismatch
+from pdsdk.connectors.transports.base import TransportError
+from pdsdk.connectors.transports.buffers import allocate
+from pdsdk.connectors.transports.peer import PeerProcess
+from pdsdk.kv import KVLayout, Span, page_spans
+from pdsdk.plugins import plugin_manager, registry
+
+LAYOUT = {"num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "page_size": 32}  # 4 KiB pages
+PAGE = 4096
+NBYTES = 8 << 20
+DEADLINE_S = 5.0
 
 
-def test_registered_with_extra_and_loadability(transport_name):
-    spec = registry().get("transport", transport_name)
+def make_transport(name: str, layout: dict | None = None):
+    spec = registry().get("transport", name)
     need_plugin(spec)
-    assert spec.load() is not None
+    t = spec.load()(name=name, layout=KVLayout(**(layout or LAYOUT)), transfer_timeout_s=DEADLINE_S)
+    buf, region = allocate(NBYTES)
+    t.register([region])
+    return t, buf
+
+
+@pytest.fixture(scope="module")
+def pair(transport_name):
+    """(local transport, its buffer, peer process, connected peer); shared by a module's tests."""
+    t, buf = make_transport(transport_name)
+    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
+    remote = t.connect(peer.descriptor)
+    yield t, buf, peer, remote
+    peer.close()
+    t.close()
+
+
+def digest(buf: np.ndarray, spans) -> str:
+    h = hashlib.sha256()
+    for region, offset, length in np.asarray(spans).tolist():
+        h.update(buf[offset:offset + length].tobytes())
+    return h.hexdigest()
+
+
+def rows(spans) -> list[list[int]]:
+    return np.asarray(spans).tolist()
+
+
+def test_read_and_write_random_bytes(pair):
+    t, buf, peer, remote = pair
+    peer.call("fill", seed=11)
+    assert t.wait(t.read(remote, [Span(0, 0, NBYTES)], [Span(0, 0, NBYTES)])).state == "done"
+    assert digest(buf, [[0, 0, NBYTES]]) == peer.call("digest", spans=[[0, 0, NBYTES]])["digest"]
+
+    buf[:] = np.random.default_rng(12).integers(0, 256, NBYTES, dtype=np.uint8)
+    half = NBYTES // 2
+    assert t.wait(t.write(remote, [Span(0, 0, half)], [Span(0, half, half)])).state == "done"
+    assert digest(buf, [[0, 0, half]]) == peer.call("digest", spans=[[0, half, half]])["digest"]
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_scattered_pages_out_of_order(pair, op):
+    t, buf, peer, remote = pair
+    rng = np.random.default_rng(13)
+    pages = NBYTES // PAGE
+    local_ids, remote_ids = rng.permutation(pages)[:400], rng.permutation(pages)[:400]
+    local, rem = page_spans(0, local_ids, PAGE), page_spans(0, remote_ids, PAGE)
+    peer.call("fill", seed=14)
+    buf[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+    handle = (t.read if op == "read" else t.write)(remote, local, rem)
+    assert t.wait(handle).state == "done"
+    assert digest(buf, local) == peer.call("digest", spans=rows(rem))["digest"]
+
+
+def test_many_transfers_in_flight(pair):
+    t, buf, peer, remote = pair
+    peer.call("fill", seed=15)
+    buf[:] = 0
+    chunk = NBYTES // 16
+    handles = [t.read(remote, [Span(0, i * chunk, chunk)], [Span(0, (15 - i) * chunk, chunk)]) for i in range(16)]
+    assert [t.wait(h).state for h in handles] == ["done"] * 16
+    for i in range(16):
+        assert digest(buf, [[0, i * chunk, chunk]]) == \
+            peer.call("digest", spans=[[0, (15 - i) * chunk, chunk]])["digest"]
+
+
+def test_notifications_reach_the_peer(pair):
+    t, buf, peer, remote = pair
+    t.wait(t.read(remote, [Span(0, 0, PAGE)], [Span(0, 0, PAGE)], notify=b"read-done:42"))
+    t.wait(t.write(remote, [Span(0, 0, PAGE)], [Span(0, PAGE, PAGE)], notify=b"write-done:43"))
+    import base64
+
+    got: list = []
+    end = time.monotonic() + DEADLINE_S
+    while len(got) < 2 and time.monotonic() < end:
+        got += [(a, base64.b64decode(m)) for a, m in peer.call("notifications")["notifications"]]
+        time.sleep(0.05)
+    assert sorted(got) == [(t.agent, b"read-done:42"), (t.agent, b"write-done:43")]
+
+
+def test_bad_spans_are_clear_errors(pair):
+    t, buf, peer, remote = pair
+    with pytest.raises(ValueError, match="local span 0 has length 0"):
+        t.read(remote, [Span(0, 0, 0)], [Span(0, 0, 0)])
+    with pytest.raises(ValueError, match=r"local span 1 \[.*\) is outside region 0"):
+        t.read(remote, [Span(0, 0, PAGE), Span(0, NBYTES - 10, PAGE)], [Span(0, 0, PAGE), Span(0, PAGE, PAGE)])
+    with pytest.raises(ValueError, match="remote span 0 names region 5"):
+        t.read(remote, [Span(0, 0, PAGE)], [Span(5, 0, PAGE)])
+    with pytest.raises(ValueError, match="local length 4096 != remote length 8192"):
+        t.read(remote, [Span(0, 0, PAGE)], [Span(0, 0, 2 * PAGE)])
+
+
+def test_stats_report_the_path(pair):
+    t, *_ = pair
+    stats = t.stats()
+    assert stats["transport"] == t.name and stats["path"] and stats["transfers"] >= 1
+    assert stats["bytes"] > 0 and stats["failed"] == 0
+
+
+def test_observation_hooks_see_transfers(pair):
+    t, buf, peer, remote = pair
+    seen = []
+
+    class Recorder:
+        @pdsdk.hookimpl
+        def pdsdk_transfer_finished(self, transport, transfer_id, peer, nbytes, seconds, path):
+            seen.append((transport, nbytes, path))
+
+    recorder = Recorder()
+    plugin_manager().register(recorder)
+    try:
+        t.wait(t.read(remote, [Span(0, 0, 3 * PAGE)], [Span(0, 0, 3 * PAGE)]))
+    finally:
+        plugin_manager().unregister(recorder)
+    assert seen == [(t.name, 3 * PAGE, t.path())]
+
+
+def test_layout_mismatch_fails_at_connect_naming_the_field(transport_name):
+    t, _ = make_transport(transport_name, {**LAYOUT, "page_size": 64})
+    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT)
+    try:
+        with pytest.raises(LayoutMismatch, match="page_size: local=64 remote=32"):
+            t.connect(peer.descriptor)
+    finally:
+        peer.close()
+        t.close()
+
+
+def test_wrong_transport_descriptor_is_refused(transport_name):
+    other = next((n for n in registry().names("transport") if n != transport_name and
+                  registry().get("transport", n).why_not is None), None)
+    if other is None:
+        pytest.skip("needs a second loadable transport")
+    t, _ = make_transport(transport_name)
+    o, _ = make_transport(other)
+    try:
+        with pytest.raises(TransportError, match=f"uses transport '{other}'"):
+            t.connect(o.descriptor())
+        with pytest.raises(TransportError, match="not a pdsdk descriptor"):
+            t.connect(b"\x00garbage")
+    finally:
+        o.close()
+        t.close()
+
+
+def test_double_close_then_use_is_an_error(transport_name):
+    t, _ = make_transport(transport_name)
+    t.close()
+    t.close()
+    with pytest.raises(TransportError, match="is closed"):
+        t.descriptor()
+
+
+def test_peer_killed_mid_transfer_fails_within_the_deadline(transport_name):
+    t, buf = make_transport(transport_name)
+    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
+    try:
+        remote = t.connect(peer.descriptor)
+        assert t.wait(t.read(remote, [Span(0, 0, PAGE)], [Span(0, 0, PAGE)])).state == "done"
+        handles = [t.read(remote, [Span(0, 0, NBYTES)], [Span(0, 0, NBYTES)]) for _ in range(4)]
+        peer.kill()
+        handles += [t.read(remote, [Span(0, 0, NBYTES)], [Span(0, 0, NBYTES)])]
+        start = time.monotonic()
+        states = [t.wait(h, timeout=DEADLINE_S + 5) for h in handles]
+        assert time.monotonic() - start < DEADLINE_S + 5
+        assert all(s.final for s in states), states
+        assert states[-1].state == "failed" and states[-1].reason
+        assert t.stats()["failed"] >= 1
+    finally:
+        peer.close()
+        t.close()

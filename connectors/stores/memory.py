@@ -1,0 +1,113 @@
+"""`memory`: pages in this process's RAM, bounded in bytes, evicted by hint-aware LRU.
+
+Copies happen outside the lock (one into the store on put, one into the caller's buffer on get),
+so threads copying different pages run in parallel; the lock only guards the index.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.retention import Retention
+
+
+class MemoryStore(Store):
+    def __init__(self, name: str = "memory", capacity_bytes: int = 1 << 30):
+        super().__init__(name)
+        self.capacity_bytes = int(capacity_bytes)
+        self._pages: dict[bytes, bytearray] = {}
+        self._retention = Retention()
+        self._lock = threading.Lock()
+
+    def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
+        stored = nbytes = 0
+        for key, page in zip(keys, pages):
+            key = bytes(key)
+            with self._lock:
+                if key in self._pages and not self._retention.expired(key):
+                    self._retention.add(key, len(self._pages[key]), hints)  # same content; new hints
+                    stored += 1
+                    continue
+            data = bytearray(byte_view(page))  # the one copy, outside the lock
+            if not self._insert(key, data, hints):
+                break  # full of pinned pages: later pages of this prefix are useless anyway
+            stored, nbytes = stored + 1, nbytes + len(data)
+        self._record_put(stored, nbytes)
+        return stored
+
+    def _insert(self, key: bytes, data: bytearray, hints: Hints | None) -> bool:
+        if len(data) > self.capacity_bytes:
+            log.warning("%s: a %d-byte page is larger than the whole store", self.name, len(data))
+            return False
+        with self._lock:
+            self._drop(key)
+            need = self._retention.used + len(data) - self.capacity_bytes
+            victims = self._retention.victims(max(need, 0))  # expired pages go in any case
+            for vkey, *_ in victims:
+                del self._pages[vkey]
+            if self._retention.used + len(data) > self.capacity_bytes:
+                ok = False
+            else:
+                self._pages[key] = data
+                self._retention.add(key, len(data), hints)
+                ok = True
+        self._report_evictions(victims)
+        return ok
+
+    def _drop(self, key: bytes) -> None:
+        if self._pages.pop(key, None) is not None:
+            self._retention.remove(key)
+
+    def _prefix(self, keys: Sequence[bytes], touch: bool) -> list[bytearray]:
+        """The stored pages of the hit prefix (caller holds the lock)."""
+        found = []
+        for key in keys:
+            key = bytes(key)
+            data = self._pages.get(key)
+            if data is None:
+                break
+            if self._retention.expired(key):
+                self._drop(key)
+                self._record_evict(1, len(data), "ttl")
+                break
+            if touch:
+                self._retention.touch(key)
+            found.append(data)
+        return found
+
+    def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
+        with self._lock:
+            found = self._prefix(keys, touch=True)
+        hits = nbytes = 0
+        for data, buf in zip(found, out):
+            view = byte_view(buf)
+            if len(data) > len(view):
+                log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, len(data), len(view))
+                break
+            view[: len(data)] = data  # a bytearray evicted meanwhile stays alive through `found`
+            hits, nbytes = hits + 1, nbytes + len(data)
+        self._record_get(hits, len(keys), nbytes)
+        return hits
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        with self._lock:
+            return len(self._prefix(keys, touch=False))
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        with self._lock:
+            present = [bytes(k) for k in keys if bytes(k) in self._pages]
+            for key in present:
+                self._drop(key)
+        return len(present)
+
+    def stats(self) -> dict:
+        with self._lock:
+            used, pages = self._retention.used, len(self._pages)
+        return {**super().stats(), "used_bytes": used, "pages": pages, "capacity_bytes": self.capacity_bytes}
+
+    def close(self) -> None:
+        with self._lock:
+            self._pages.clear()
+            self._retention = Retention()
