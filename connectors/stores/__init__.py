@@ -3,7 +3,18 @@
 from pdsdk.hookspecs import hookimpl
 
 # name -> (module:class, extra, required modules, summary); imported only when used.
-BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {}
+BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
+    "memory": ("pdsdk.connectors.stores.memory:MemoryStore", None, (),
+               "pages in process RAM, byte-bounded, hint-aware LRU"),
+    "disk": ("pdsdk.connectors.stores.disk:DiskStore", None, (),
+             "a page file each under a directory, checksummed, survives restarts"),
+    "redis": ("pdsdk.connectors.stores.redis_store:RedisStore", "redis", ("redis",),
+              "a shared redis-server; pipelined batches, misses and backoff on outages"),
+    "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake",),
+                 "Mooncake Store: a distributed pool with mooncake_master"),
+    "tiered": ("pdsdk.connectors.stores.tiered:TieredStore", None, (),
+               "ordered stores, fastest first: reads promote, evictions demote"),
+}
 
 
 @hookimpl

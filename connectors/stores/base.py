@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -21,6 +21,7 @@ from pdsdk.plugins import notify
 Buffer = Any  # anything exposing the buffer protocol
 
 log = logging.getLogger("pdsdk.stores")
+DemoteSink = Callable[[bytes, Buffer, "Hints"], None]
 
 
 def byte_view(buf: Buffer) -> memoryview:
@@ -98,6 +99,12 @@ class Store(ABC):
     def __init__(self, name: str):
         self.name = name
         self._stats = StoreStats()
+        self._demote: DemoteSink | None = None
+
+    def set_demote(self, sink: DemoteSink | None) -> None:
+        """Hand pages this store evicts for room to `sink(key, page, hints)` (the next tier)
+        instead of dropping them. Stores that cannot read a victim back just drop it."""
+        self._demote = sink
 
     @abstractmethod
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
@@ -141,10 +148,10 @@ class Store(ABC):
     def _record_error(self, n: int = 1) -> None:
         self._stats.add(errors=n)
 
-    def _report_evictions(self, victims: Sequence[tuple[bytes, int, str]]) -> None:
-        """Tell the hooks about (key, nbytes, reason) victims, one call per reason."""
-        for reason in {r for _, _, r in victims}:
-            sizes = [n for _, n, r in victims if r == reason]
+    def _report_evictions(self, victims: Sequence[tuple]) -> None:
+        """Tell the hooks about (key, nbytes, reason, ...) victims, one call per reason."""
+        for reason in {v[2] for v in victims}:
+            sizes = [v[1] for v in victims if v[2] == reason]
             self._record_evict(len(sizes), sum(sizes), reason)
 
     def _record_evict(self, pages: int, nbytes: int, reason: str) -> None:

@@ -29,10 +29,11 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBhdQIH")
 PIN, KEEP = 1, 2
 SUFFIX = ".kv"
+BAD = -2  # a damaged page file: a miss, and the file goes
 
 
 class DiskStore(Store):
-    def __init__(self, name: str = "disk", path: str | os.PathLike = "pdsdk-cache",
+    def __init__(self, name: str = "disk", path: str | os.PathLike = "~/.cache/pdsdk/kv",
                  capacity_bytes: int = 16 << 30, fsync: bool = False):
         super().__init__(name)
         self.root = Path(path).expanduser()
@@ -117,13 +118,40 @@ class DiskStore(Store):
         with self._lock:
             need = self._retention.used + self._reserved + size - self.capacity_bytes
             victims = self._retention.victims(max(need, 0))
-            for vkey, *_ in victims:
-                self._path(vkey).unlink(missing_ok=True)
+            moved = self._evict(victims)
             ok = self._retention.used + self._reserved + size <= self.capacity_bytes
             if ok:
                 self._reserved += size
-        self._report_evictions(victims)
+        self._after_evict(victims, moved)
         return ok
+
+    def _evict(self, victims) -> list:
+        """Remove victims' files (caller holds the lock). With a demotion sink, live victims are
+        moved aside instead, to be read and handed down outside the lock."""
+        moved = []
+        for v in victims:
+            path = self._path(v.key)
+            if self._demote is not None and v.hints is not None:
+                aside = self._tmp / f"{path.name}.demote.{threading.get_ident()}"
+                try:
+                    os.replace(path, aside)
+                    moved.append((v, aside))
+                    continue
+                except OSError:
+                    pass
+            path.unlink(missing_ok=True)
+        return moved
+
+    def _after_evict(self, victims, moved) -> None:
+        self._report_evictions(victims)
+        for v, aside in moved:
+            try:
+                buf = bytearray(v.nbytes)
+                n = self._read_file(aside, v.key, memoryview(buf))
+                if n >= 0:
+                    self._demote(v.key, memoryview(buf)[:n], v.hints)
+            finally:
+                aside.unlink(missing_ok=True)
 
     def _write(self, key: bytes, view: memoryview, hints: Hints) -> bool:
         header = self._header(key, len(view), zlib.crc32(view), hints)
@@ -176,9 +204,8 @@ class DiskStore(Store):
         """The filesystem is full before our capacity is: evict to make room for one page."""
         with self._lock:
             victims = self._retention.victims(2 * size)
-            for vkey, *_ in victims:
-                self._path(vkey).unlink(missing_ok=True)
-        self._report_evictions(victims)
+            moved = self._evict(victims)
+        self._after_evict(victims, moved)
         return bool(victims)
 
     # -- get ------------------------------------------------------------------------------------
@@ -209,7 +236,14 @@ class DiskStore(Store):
 
     def _read_into(self, key: bytes, view: memoryview) -> int:
         """Read a page into `view` and verify it; returns its length, or -1 for a miss."""
-        path = self._path(key)
+        n = self._read_file(self._path(key), key, view)
+        if n == BAD:
+            with self._lock:
+                self._forget(key)
+        return max(n, -1)
+
+    def _read_file(self, path: Path, key: bytes, view: memoryview) -> int:
+        """Read and verify one page file into `view`: its length, -1 (absent, too big) or BAD."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # evicted or deleted by a concurrent call
@@ -241,9 +275,7 @@ class DiskStore(Store):
     def _bad(self, key: bytes, why: str) -> int:
         log.warning("%s: %s; treated as a miss and removed", self.name, why)
         self._record_error()
-        with self._lock:
-            self._forget(key)
-        return -1
+        return BAD
 
     def _forget(self, key: bytes) -> None:
         """Remove a page's file and index entry (caller holds the lock)."""

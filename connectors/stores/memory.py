@@ -45,8 +45,9 @@ class MemoryStore(Store):
             self._drop(key)
             need = self._retention.used + len(data) - self.capacity_bytes
             victims = self._retention.victims(max(need, 0))  # expired pages go in any case
-            for vkey, *_ in victims:
-                del self._pages[vkey]
+            demoted = [(v.key, self._pages.pop(v.key), v.hints) for v in victims if v.hints is not None]
+            for v in victims:
+                self._pages.pop(v.key, None)
             if self._retention.used + len(data) > self.capacity_bytes:
                 ok = False
             else:
@@ -54,6 +55,9 @@ class MemoryStore(Store):
                 self._retention.add(key, len(data), hints)
                 ok = True
         self._report_evictions(victims)
+        if self._demote is not None:
+            for item in demoted:
+                self._demote(*item)
         return ok
 
     def _drop(self, key: bytes) -> None:

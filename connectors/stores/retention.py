@@ -12,17 +12,28 @@ import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
 
 from pdsdk.connectors.stores.base import Hints
 
 DEFAULT_HINTS = Hints()
 
 
+class Victim(NamedTuple):
+    key: bytes
+    nbytes: int
+    reason: str  # "capacity" or "ttl"
+    hints: Hints | None  # for demotion; None when the page is dead (expired)
+
+
 class _Entry:
-    __slots__ = ("nbytes", "rank", "pin", "expires")
+    __slots__ = ("nbytes", "rank", "pin", "expires", "hints")
 
     def __init__(self, nbytes: int, hints: Hints, now: float):
         self.nbytes = nbytes
+        self.hints = hints
         # Buckets sort ascending: (keep, priority); False < True puts keep=False first.
         self.rank = (hints.keep, hints.priority)
         self.pin = hints.pin
@@ -94,15 +105,22 @@ class Retention:
                 out.append((key, self.remove(key)))
         return out
 
-    def victims(self, need: int) -> list[tuple[bytes, int, str]]:
-        """Remove and return pages to free at least `need` bytes: (key, nbytes, reason).
-        Frees less when only pinned pages are left."""
-        out = [(k, n, "ttl") for k, n in self.pop_expired()]
-        freed = sum(n for _, n, _ in out)
+    def victims(self, need: int) -> list[Victim]:
+        """Remove and return pages to free at least `need` bytes. Frees less when only pinned
+        pages are left."""
+        out = [Victim(k, n, "ttl", None) for k, n in self.pop_expired()]
+        freed = sum(v.nbytes for v in out)
         while freed < need and self._buckets:
             rank = min(self._buckets)
             key = next(iter(self._buckets[rank]))
-            nbytes = self.remove(key)
-            out.append((key, nbytes, "capacity"))
-            freed += nbytes
+            entry = self._entries[key]
+            self.remove(key)
+            out.append(Victim(key, entry.nbytes, "capacity", self._remaining(entry)))
+            freed += entry.nbytes
         return out
+
+    def _remaining(self, entry: _Entry) -> Hints:
+        """The hints a demoted page carries to the next tier (what is left of its lifetime)."""
+        if entry.expires is None:
+            return entry.hints
+        return msgspec.structs.replace(entry.hints, ttl_s=max(entry.expires - self._clock(), 1e-3))

@@ -1,0 +1,153 @@
+"""`mooncake`: Mooncake Store (`mooncake.store`), a distributed pool that several engines share.
+
+Each client contributes `segment_bytes` of its RAM to the pool and the master (`mooncake_master`,
+shipped in the wheel) places objects anywhere in it. Pages go straight from the caller's buffers
+(batch_put_from / batch_get_into, no intermediate copy in Python).
+
+Outages: with the master down every call takes the client's RPC timeout (about 4 s), far too long
+for an engine. So the first failure marks the store down, calls answer misses at once, and a
+background thread probes the master (and redoes setup if it never succeeded) until it is back.
+
+Leases: the master refuses to remove an object for `default_kv_lease_ttl` after a read
+(OBJECT_HAS_LEASE); delete retries those with force. Eviction is the master's (approximate LRU
+above its high watermark). Hints: a pin without ttl_s is a hard pin, a pin with one is a soft pin
+for that long; other ttl_s, priority and keep are not enforced by Mooncake.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+
+from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+
+OBJECT_NOT_FOUND = -704
+OBJECT_HAS_LEASE = -706
+RPC_FAIL = -900
+
+
+class MooncakeStore(Store):
+    def __init__(self, name: str = "mooncake", master: str = "127.0.0.1:50051",
+                 metadata_server: str = "P2PHANDSHAKE", local_hostname: str = "127.0.0.1",
+                 protocol: str = "tcp", device: str = "", segment_bytes: int = 256 << 20,
+                 buffer_bytes: int = 64 << 20, prefix: str = "pdsdk/", probe_s: float = 1.0):
+        super().__init__(name)
+        self.master, self.prefix, self.probe_s = master, prefix, probe_s
+        self._config = {"local_hostname": local_hostname, "metadata_server": metadata_server,
+                        "global_segment_size": int(segment_bytes), "local_buffer_size": int(buffer_bytes),
+                        "protocol": protocol, "rdma_devices": device, "master_server_addr": master}
+        self._client = MooncakeDistributedStore()
+        self._set_up = False
+        self._up = threading.Event()
+        self._closed = threading.Event()
+        self._setup()
+        self._prober = threading.Thread(target=self._probe, name=f"pdsdk-{name}-probe", daemon=True)
+        self._prober.start()
+
+    def _setup(self) -> None:
+        try:
+            rc = self._client.setup(self._config)
+        except Exception as e:  # noqa: BLE001 - the binding raises plain RuntimeErrors
+            rc = str(e)
+        if rc == 0:
+            self._set_up = True
+            self._up.set()
+        else:
+            log.warning("%s: cannot reach mooncake master %s (%s); answering misses until it is up",
+                        self.name, self.master, rc)
+
+    def _probe(self) -> None:
+        while not self._closed.wait(self.probe_s):
+            if self._up.is_set():
+                continue
+            if not self._set_up:
+                self._setup()
+            elif self._client.health_check() == 0:
+                log.info("%s: mooncake master %s reachable again", self.name, self.master)
+                self._up.set()
+
+    def _check(self, codes: Sequence[int]) -> None:
+        """An RPC failure means the master is gone: stop calling it until the prober says so."""
+        if RPC_FAIL in codes and self._up.is_set():
+            log.warning("%s: mooncake master %s unreachable; answering misses", self.name, self.master)
+            self._up.clear()
+        if any(c < 0 and c not in (OBJECT_NOT_FOUND,) for c in codes):
+            self._record_error()
+
+    def _key(self, key: bytes) -> str:
+        return self.prefix + bytes(key).hex()
+
+    @staticmethod
+    def _pointers(views: Sequence[memoryview]) -> list[int]:
+        return [np.frombuffer(v, np.uint8).ctypes.data for v in views]
+
+    @staticmethod
+    def _replicate(hints: Hints | None) -> ReplicateConfig:
+        config = ReplicateConfig()
+        if hints is not None and hints.pin:
+            if hints.ttl_s is None:
+                config.with_hard_pin = True
+            else:
+                config.soft_pin_action = SoftPinAction.ENABLE
+                config.soft_pin_ttl_ms = int(hints.ttl_s * 1000)
+        return config
+
+    def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
+        if not keys or not self._up.is_set():
+            return 0
+        views = [byte_view(p) for p in pages[: len(keys)]]
+        codes = self._client.batch_put_from([self._key(k) for k in keys], self._pointers(views),
+                                            [len(v) for v in views], self._replicate(hints))
+        self._check(codes)
+        stored = next((i for i, c in enumerate(codes) if c != 0), len(codes))
+        self._record_put(stored, sum(len(v) for v in views[:stored]))
+        return stored
+
+    def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
+        hits = nbytes = 0
+        if keys and self._up.is_set():
+            views = [byte_view(b) for b in out[: len(keys)]]
+            got = self._client.batch_get_into([self._key(k) for k in keys], self._pointers(views),
+                                              [len(v) for v in views])
+            self._check(got)
+            for n in got:
+                if n <= 0:
+                    break
+                hits, nbytes = hits + 1, nbytes + n
+        self._record_get(hits, len(keys), nbytes)
+        return hits
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        if not keys or not self._up.is_set():
+            return 0
+        found = self._client.batch_is_exist([self._key(k) for k in keys])
+        self._check([RPC_FAIL] if -1 in found else [])
+        return next((i for i, f in enumerate(found) if f != 1), len(found))
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        if not keys or not self._up.is_set():
+            return 0
+        names = [self._key(k) for k in keys]
+        codes = list(self._client.batch_remove(names, False))
+        leased = [i for i, c in enumerate(codes) if c == OBJECT_HAS_LEASE]
+        if leased:  # read moments ago: the lease only protects readers, and ours are done
+            for i, c in zip(leased, self._client.batch_remove([names[i] for i in leased], True)):
+                codes[i] = c
+        self._check(codes)
+        return sum(c == 0 for c in codes)
+
+    def stats(self) -> dict:
+        return {**super().stats(), "reachable": self._up.is_set()}
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._set_up:
+            # With the master gone, close() waits out several RPC timeouts: never longer than 2 s here.
+            closer = threading.Thread(target=self._client.close, daemon=True)
+            closer.start()
+            closer.join(2.0)
