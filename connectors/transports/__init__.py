@@ -10,6 +10,8 @@ BUILTIN_TRANSPORTS: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
                  "Mooncake Transfer Engine, P2P handshake (tcp; rdma/nvlink when asked and present)"),
     "local": ("pdsdk.connectors.transports.local:LocalTransport", None, (),
               "same host: one-copy cross-memory attach (CPU), CUDA IPC (GPU)"),
+    "nccl": ("pdsdk.connectors.transports.nccl:NcclTransport", "nccl", ("torch",),
+             "torch.distributed pair groups: NCCL on GPU, gloo on CPU"),
 }
 
 

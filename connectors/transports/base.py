@@ -76,7 +76,14 @@ class Peer:
     host: str
     regions: list[Region]
     layout: KVLayout
+    backend_meta: dict[str, Any] = field(default_factory=dict)  # the peer's descriptor meta
     backend: Any = None  # whatever the transport keeps per peer
+
+    @property
+    def all_regions(self) -> list[Region]:
+        """The peer's regions plus its staging buffer (last), for address lookups."""
+        staging = self.backend_meta.get("staging")
+        return self.regions + ([Region(*staging)] if staging else [])
 
 
 @dataclass
@@ -104,23 +111,32 @@ class Transport(ABC):
 
     # Options a config may pass (name -> default); anything else is a ConfigError naming the choices.
     OPTIONS: dict[str, Any] = {}
+    # One-sided transports whose per-descriptor cost makes the staged path worth it (see staging.py).
+    SUPPORTS_STAGING = False
+    STAGING_OPTIONS = {
+        "staging": "auto",  # auto: by the cost rule; on: always for scattered spans; off: never
+        "staging_bytes": None,  # staging buffer size; default 256 MiB when regions are on GPU, else none
+    }
 
     def __init__(self, *, name: str, layout: KVLayout, agent: str | None = None,
                  transfer_timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                  host: str = "127.0.0.1", **options: Any):
-        unknown = set(options) - set(self.OPTIONS)
+        valid = {**self.OPTIONS, **(self.STAGING_OPTIONS if self.SUPPORTS_STAGING else {})}
+        unknown = set(options) - set(valid)
         if unknown:
             raise ConfigError(f"transport.options.{sorted(unknown)[0]}",
-                              f"unknown option for transport {name!r}; valid: "
-                              f"{', '.join(sorted(self.OPTIONS)) or 'none'}")
+                              f"unknown option for transport {name!r}; valid: {', '.join(sorted(valid)) or 'none'}")
+        if options.get("staging", "auto") not in ("auto", "on", "off"):
+            raise ConfigError("transport.options.staging", f"got {options['staging']!r}; valid: auto, on, off")
         self.name = name
         self.layout = layout
         self.agent = agent or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.host = host
         self.transfer_timeout_s = transfer_timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self.options = {**self.OPTIONS, **options}
+        self.options = {**valid, **options}
         self.regions: list[Region] = []
+        self._stager: Any = None
         self._transfers: dict[int, _Transfer] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -139,13 +155,32 @@ class Transport(ABC):
                                  "must both be positive")
         self._register(list(regions))
         self.regions.extend(regions)
+        self._setup_staging()
+
+    @property
+    def all_regions(self) -> list[Region]:
+        """Registered regions plus the staging buffer (last), for address lookups in backends."""
+        return self.regions + ([self._stager.buffer.region] if self._stager else [])
+
+    def _setup_staging(self) -> None:
+        if not self.SUPPORTS_STAGING or self._stager is not None or self.options["staging"] == "off":
+            return
+        device = next((r.device for r in self.regions if r.device != "cpu"), "cpu")
+        nbytes = self.options["staging_bytes"]
+        if nbytes is None:
+            nbytes = 256 << 20 if device != "cpu" or self.options["staging"] == "on" else 0
+        if nbytes:
+            from pdsdk.connectors.transports.staging import Stager
+
+            self._stager = Stager(self, int(nbytes), device)
+            self._register([self._stager.buffer.region])
 
     def descriptor(self) -> bytes:
         """Handshake material for the peer: agent, regions, layout fingerprint, backend metadata."""
         self._check_open()
         return msgspec.msgpack.encode(Descriptor(
             transport=self.name, agent=self.agent, host=self.host, layout=self.layout,
-            regions=self.regions, meta=self._metadata()))
+            regions=self.regions, meta={**self._metadata(), **(self._stager.metadata() if self._stager else {})}))
 
     def connect(self, peer_descriptor: bytes) -> Peer:
         """Connect to a peer; fails here, naming the field, when the KV layouts differ."""
@@ -158,7 +193,7 @@ class Transport(ABC):
             raise TransportError(f"peer {d.agent} uses transport {d.transport!r}, this side {self.name!r}; "
                                  "configure both sides with the same transport")
         self.layout.check_compatible(d.layout)
-        peer = Peer(agent=d.agent, host=d.host, regions=list(d.regions), layout=d.layout)
+        peer = Peer(agent=d.agent, host=d.host, regions=list(d.regions), layout=d.layout, backend_meta=dict(d.meta))
         peer.backend = self._connect(d, peer)
         return peer
 
@@ -181,7 +216,7 @@ class Transport(ABC):
         if t.status.final:
             return t.status
         try:
-            status = self._poll(t.backend)
+            status = self._stager.poll(t.backend) if self._is_staged(t.backend) else self._poll(t.backend)
         except Exception as e:  # noqa: BLE001 - a backend error is a failed transfer, not a crash
             status = failed(f"{type(e).__name__}: {e}")
         if not status.final and time.monotonic() > t.deadline:
@@ -212,7 +247,7 @@ class Transport(ABC):
     def notifications(self) -> list[tuple[str, bytes]]:
         """(peer agent, message) for every notify delivered to this side since the last call."""
         self._check_open()
-        return self._notifications()
+        return self._notifications() + (self._stager.take_notes() if self._stager else [])
 
     def stats(self) -> dict[str, Any]:
         """Counters, and `path`: what actually carries the bytes (and any warning about it)."""
@@ -232,6 +267,8 @@ class Transport(ABC):
         for h, t in pending:
             self._finish(h, t, failed("transport closed"))
         try:
+            if self._stager is not None:
+                self._stager.close()
             self._close()
         except Exception:  # noqa: BLE001
             log.exception("%s: error while closing", self.name)
@@ -293,7 +330,10 @@ class Transport(ABC):
         handle = next(self._ids)
         now = time.monotonic()
         try:
-            backend = self._post(op, peer, local, remote, notify)
+            if self._use_staging(peer, local, nbytes):
+                backend = self._stager.start(op, peer, local, remote, notify)
+            else:
+                backend = self._post(op, peer, local, remote, notify)
             status = STATUS_PENDING
         except Exception as e:  # noqa: BLE001 - a peer that is gone fails the transfer, it does not raise
             backend, status = None, failed(f"{type(e).__name__}: {e}")
@@ -306,6 +346,18 @@ class Transport(ABC):
             self._finish(handle, t, status)
         return handle
 
+    def _use_staging(self, peer: Peer, local: np.ndarray, nbytes: int) -> bool:
+        if self._stager is None or "staging" not in peer.backend_meta or len(local) < 2:
+            return False
+        if self.options["staging"] == "on":
+            return True
+        from pdsdk.connectors.transports.staging import prefer_staged
+
+        return prefer_staged(len(local), nbytes, self._stager.buffer.device)
+
+    def _is_staged(self, backend: Any) -> bool:
+        return self._stager is not None and type(backend).__name__ == "StagedTransfer"
+
     def _finish(self, handle: int, t: _Transfer, status: Status) -> None:
         with self._lock:
             if t.status.final:
@@ -313,7 +365,10 @@ class Transport(ABC):
             t.status = status
         seconds = time.monotonic() - t.started
         try:
-            self._release(t.backend, status)
+            if self._is_staged(t.backend):
+                self._stager.release(t.backend)
+            else:
+                self._release(t.backend, status)
         except Exception:  # noqa: BLE001
             log.debug("%s: release failed", self.name, exc_info=True)
         tid = f"{self.agent}/{handle}"

@@ -33,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("--op", choices=("read", "write"), default="read", help="read = pull model (decode reads)")
     p.add_argument("--device", default="cpu", help="this side's memory: cpu or cuda:N")
     p.add_argument("--peer-device", default=None, help="the peer's memory (default: cuda:1 if --device is cuda)")
+    p.add_argument("--staging", choices=("auto", "on", "off"), default="auto",
+                   help="staged path for scattered pages, on transports that have one (default: the cost rule)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-transfer deadline in seconds")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
     p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append a row to ('' for none)")
@@ -108,11 +110,12 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
     # The paged case's page is one layout page: heads x head_dim x page_size x 2 bytes.
     layout = {"num_layers": 1, "num_kv_heads": max(1, args.page_bytes // (64 * 32 * 2)), "head_dim": 64,
               "page_size": 32}
-    transport = registry().load("transport", name)(name=name, layout=KVLayout(**layout, device=args.device),
-                                                   transfer_timeout_s=args.timeout)
+    cls = registry().load("transport", name)
+    options = {"staging": args.staging} if cls.SUPPORTS_STAGING else {}
+    transport = cls(name=name, layout=KVLayout(**layout, device=args.device), transfer_timeout_s=args.timeout, **options)
     buf, region = allocate(region_bytes, args.device)
     transport.register([region])
-    peer = PeerProcess(name, region_bytes, device=peer_device, layout=layout, timeout=args.timeout)
+    peer = PeerProcess(name, region_bytes, device=peer_device, layout=layout, timeout=args.timeout, options=options)
     records = []
     try:
         remote = transport.connect(peer.descriptor)
@@ -155,7 +158,8 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
             local = page_spans(0, rng.permutation(slots)[:args.pages], args.page_bytes)
             rem = page_spans(0, rng.permutation(slots)[:args.pages], args.page_bytes)
             seconds, ok = timed(local, rem, f"paged {args.pages} x {args.page_bytes} B")
-            records.append(_record(name, "paged", paged_bytes, args.pages, seconds, ok, transport.path()))
+            staged = "staged" if transport._use_staging(remote, local, paged_bytes) else "direct"
+            records.append(_record(name, "paged", paged_bytes, args.pages, seconds, ok, f"{transport.path()} {staged}"))
     finally:
         peer.close()
         transport.close()

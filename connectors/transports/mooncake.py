@@ -32,6 +32,7 @@ MAX_BATCH = 1024
 
 class MooncakeTransport(Transport):
     OPTIONS = {"protocol": "tcp", "device_name": "", "threads": 2}
+    SUPPORTS_STAGING = True
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -82,8 +83,8 @@ class MooncakeTransport(Transport):
     def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Future:
         # One engine call per transfer: splitting one over threads was slower here (the peer's TCP
         # side needs the same cores); concurrent transfers do run on the pool side by side.
-        return self._pool.submit(self._run, op, peer.backend, span_addresses(local, self.regions).tolist(),
-                                 span_addresses(remote, peer.regions).tolist(), local[:, 2].tolist(), notify)
+        return self._pool.submit(self._run, op, peer.backend, span_addresses(local, self.all_regions).tolist(),
+                                 span_addresses(remote, peer.all_regions).tolist(), local[:, 2].tolist(), notify)
 
     def _run(self, op: str, session: str, laddr: list[int], raddr: list[int], lengths: list[int],
              notify: bytes | None) -> None:
@@ -113,5 +114,5 @@ class MooncakeTransport(Transport):
 
     def _close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)  # a call blocked on a dead peer must not hold us
-        for r in self.regions:
+        for r in self.all_regions:
             self._engine.unregister_memory(r.addr)

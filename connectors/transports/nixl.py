@@ -50,7 +50,10 @@ def _mem(device: str) -> tuple[str, int]:
 
 
 class NixlTransport(Transport):
-    OPTIONS = {"backends": ["UCX"], "num_threads": 0}
+    # num_threads: UCX workers; more than one overlaps the per-descriptor cost of scattered pages
+    # (4608 x 32 KiB on 2 CPU cores: 2.6 -> 5.9 GB/s, against 7-8 GB/s contiguous).
+    OPTIONS = {"backends": ["UCX"], "num_threads": min(4, os.cpu_count() or 1)}
+    SUPPORTS_STAGING = True
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -126,7 +129,8 @@ class NixlTransport(Transport):
     def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Any:
         state = peer.backend
         handle = None
-        if len(local) >= PREPPED_MIN_RUNS and self._aligned(local) and self._aligned(remote):
+        if len(local) >= PREPPED_MIN_RUNS and self._aligned(local) and self._aligned(remote) \
+                and local[:, 0].max() < len(self.regions) and remote[:, 0].max() < len(peer.regions):
             if self._local_prepped is None:
                 prepped = self._prep("NIXL_INIT_AGENT", self.regions)
                 if prepped:
@@ -138,8 +142,8 @@ class NixlTransport(Transport):
                     op, self._local_prepped, self._page_indices(local, self._page_base),
                     state["prepped"], self._page_indices(remote, state["page_base"]), notify or b"")
         if handle is None:
-            handle = self._agent.initialize_xfer(op, self._descs(local, self.regions), self._descs(remote, peer.regions),
-                                                 state["name"], notify or b"")
+            handle = self._agent.initialize_xfer(op, self._descs(local, self.all_regions),
+                                                 self._descs(remote, peer.all_regions), state["name"], notify or b"")
         if self._agent.transfer(handle) == "ERR":
             self._agent.release_xfer_handle(handle)
             raise ConnectionError(f"NIXL refused to post the transfer to {peer.agent}")

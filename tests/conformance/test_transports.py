@@ -26,10 +26,10 @@ NBYTES = 8 << 20
 DEADLINE_S = 5.0
 
 
-def make_transport(name: str, layout: dict | None = None):
+def make_transport(name: str, layout: dict | None = None, **options):
     spec = registry().get("transport", name)
     need_plugin(spec)
-    t = spec.load()(name=name, layout=KVLayout(**(layout or LAYOUT)), transfer_timeout_s=DEADLINE_S)
+    t = spec.load()(name=name, layout=KVLayout(**(layout or LAYOUT)), transfer_timeout_s=DEADLINE_S, **options)
     buf, region = allocate(NBYTES)
     t.register([region])
     return t, buf
@@ -197,6 +197,33 @@ def test_peer_killed_mid_transfer_fails_within_the_deadline(transport_name):
         assert all(s.final for s in states), states
         assert states[-1].state == "failed" and states[-1].reason
         assert t.stats()["failed"] >= 1
+    finally:
+        peer.close()
+        t.close()
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_staged_path_moves_scattered_pages(transport_name, op):
+    """Gather -> one contiguous transfer -> scatter, forced on (the cost rule picks it on GPUs)."""
+    if not registry().load("transport", transport_name).SUPPORTS_STAGING:
+        pytest.skip(f"{transport_name} has no staged path (it needs none)")
+    options = {"staging": "on", "staging_bytes": 4 << 20}
+    t, buf = make_transport(transport_name, **options)
+    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, options=options)
+    try:
+        remote = t.connect(peer.descriptor)
+        rng = np.random.default_rng(21)
+        local = page_spans(0, rng.permutation(NBYTES // PAGE)[:300], PAGE)
+        rem = page_spans(0, rng.permutation(NBYTES // PAGE)[:300], PAGE)
+        peer.call("fill", seed=22)
+        buf[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+        post = t.read if op == "read" else t.write
+        assert t.wait(post(remote, local, rem, notify=b"staged")).state == "done"
+        assert digest(buf, local) == peer.call("digest", spans=rows(rem))["digest"]
+        # twice: staging areas are given back
+        assert t.wait(post(remote, local, rem)).state == "done"
+        with pytest.raises(ValueError):
+            t.read(remote, [Span(0, 0, 0)], [Span(0, 0, 0)])
     finally:
         peer.close()
         t.close()

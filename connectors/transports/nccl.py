@@ -1,0 +1,420 @@
+"""`nccl`: torch.distributed point-to-point between pairs of peers that meet at run time.
+
+There is no global world: every side hosts a TCPStore, and a side that connects forms a 2-rank
+group with its peer under a prefix of the peer's store (initiator rank 1, acceptor rank 0).
+Groups are NCCL when the registered regions are on GPU, gloo when they are on the host.
+
+torch.distributed is two-sided, so one-sided reads and writes ride on a control channel: the
+initiator posts its half and asks the acceptor to post the other (READ: "send" these spans;
+WRITE: "recv" into these spans, then "ack"). Both sides move one contiguous tensor per
+transfer: scattered spans are gathered into (or scattered from) a staging buffer.
+
+Gloo send/recv work reports completion only through a blocking `wait()`, so each pending
+operation has a daemon thread waiting on it with the transfer deadline; `poll` reads its result.
+A failed transfer breaks its pair: later transfers with that peer fail at once (connect again).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pdsdk.connectors.transports.base import (
+    FAILED, STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, TransportError, failed,
+)
+from pdsdk.connectors.transports.buffers import cuda_index, torch_view
+from pdsdk.connectors.transports.control import ControlChannel
+from pdsdk.kv import Region, check_spans
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Op:
+    """One transfer this side initiated."""
+
+    op: str
+    pair: _Pair
+    notify: bytes | None
+    tag: int = -1
+    staging: Any = None  # pooled buffer behind the contiguous tensor, returned on release
+    future: Future | None = None  # the waiter: done when our half (and any scatter) is done
+    ack: tuple[bool, str | None] | None = None  # the acceptor's word: WRITE landed, or its half failed
+    abandoned: bool = False  # released before the waiter ended: it must not scatter any more
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(eq=False)
+class _Pair:
+    """A 2-rank group with one peer. Initiator is rank 1, acceptor (the store's host) rank 0."""
+
+    id: str
+    agent: str  # the other side
+    control: str  # its control channel
+    rank: int
+    pg: Any = None
+    store: Any = None  # initiator: client of the acceptor's store (kept with the group)
+    serial: _Serial | None = None  # acceptor: posts requests in arrival order
+    tags: Any = field(default_factory=itertools.count)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ops: dict[int, _Op] = field(default_factory=dict)  # initiator: transfers that may get an ack
+    broken: str | None = None
+
+    @property
+    def peer_rank(self) -> int:
+        return 1 - self.rank
+
+
+class _Serial:
+    """A daemon thread running calls in submission order: NCCL pairs sends with receives by order."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._queue.put((fn, args))
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                item[0](*item[1])
+            except Exception:  # noqa: BLE001 - one bad request must not stop the pair
+                log.exception("nccl: request failed")
+
+
+def _background(fn: Callable, *args: Any) -> Future:
+    """Run fn on a daemon thread: one blocked in a gloo wait must never hold up interpreter exit."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="pdsdk-nccl-wait", daemon=True).start()
+    return future
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+class _Staging:
+    """Free contiguous buffers kept for reuse: first-touching fresh memory costs more than the copy."""
+
+    def __init__(self, limit: int):
+        self._free: list[tuple[str, Any]] = []
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int, device: str) -> Any:
+        with self._lock:
+            fits = [i for i, (d, b) in enumerate(self._free) if d == device and b.numel() >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i][1].numel()))[1]
+        return torch.empty(-(-nbytes // (1 << 20)) << 20, dtype=torch.uint8, device=device)
+
+    def put(self, buf: Any) -> None:
+        if buf is None:
+            return
+        with self._lock:
+            if sum(b.numel() for _, b in self._free) + buf.numel() <= self._limit:
+                self._free.append((str(buf.device), buf))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+class NcclTransport(Transport):
+    OPTIONS = {"staging_mb": 512}  # free staging buffers kept for reuse, in MiB
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._backend = "gloo"
+        self._views: list[Any] = []  # one uint8 tensor over each registered region
+        self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self._pairs: dict[str, _Pair] = {}
+        self._pairs_lock = threading.Lock()
+        self._staging = _Staging(int(self.options["staging_mb"]) << 20)
+        # Port 0: the OS picks; peers learn the real one from the descriptor.
+        self._store = dist.TCPStore(self.host, 0, None, True, timedelta(seconds=self.connect_timeout_s),
+                                    wait_for_workers=False)
+        self._control = ControlChannel(self.agent, self.host, self._on_message)
+
+    def path(self) -> str:
+        return self._backend
+
+    def _register(self, regions: list[Region]) -> None:
+        on_gpu = {cuda_index(r.device) is not None for r in self.regions + regions}
+        if len(on_gpu) > 1:
+            raise TransportError("nccl: register host regions or GPU regions, not both (a pair group is gloo "
+                                 "or NCCL)")
+        if True in on_gpu and not dist.is_nccl_available():
+            raise TransportError("nccl: GPU regions need torch with NCCL; this torch has none")
+        self._backend = "nccl" if True in on_gpu else "gloo"
+        self._views.extend(torch_view(r.addr, r.length, r.device) for r in regions)
+
+    def _metadata(self) -> dict[str, Any]:
+        return {"store_port": self._store.port, "control": self._control.address, "backend": self._backend}
+
+    # --- pairs ----------------------------------------------------------------------------------
+
+    def _connect(self, d: Descriptor, peer: Peer) -> Any:
+        if d.meta.get("backend") != self._backend:
+            raise TransportError(f"nccl: peer {d.agent} registered {d.meta.get('backend')} memory, this side "
+                                 f"{self._backend}; register both sides on GPU or both on host")
+        pair = _Pair(uuid.uuid4().hex, d.agent, d.meta["control"], rank=1)
+        self._control.send(pair.control, {"op": "hello", "pair": pair.id, "agent": self.agent,
+                                          "control": self._control.address})
+        try:
+            pair.store = dist.TCPStore(d.host, d.meta["store_port"], None, False,
+                                       timedelta(seconds=self.connect_timeout_s), wait_for_workers=False)
+            pair.pg = self._new_group(pair.store, pair)
+        except Exception as e:  # noqa: BLE001
+            raise TransportError(f"nccl: no pair group with {d.agent} at {d.host}:{d.meta['store_port']} "
+                                 f"within {self.connect_timeout_s:g}s ({_reason(e)})") from None
+        with self._pairs_lock:
+            self._pairs[pair.id] = pair
+        return pair
+
+    def _new_group(self, store: Any, pair: _Pair) -> Any:
+        """The pair's group; gloo blocks here until both sides joined, NCCL joins at its first operation."""
+        prefixed = dist.PrefixStore(f"pair/{pair.id}", store)
+        if self._backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timedelta(seconds=self.connect_timeout_s)  # bounds the join; each wait has its own
+            opts._threads = 1  # worker threads serve collectives only; send/recv never use them
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
+            return dist.ProcessGroupGloo(prefixed, pair.rank, 2, opts)
+        # On a timed-out operation abort the communicator but keep the process (the default tears it down).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = False
+        opts._timeout = timedelta(seconds=self.transfer_timeout_s)
+        return dist.ProcessGroupNCCL(prefixed, pair.rank, 2, opts)
+
+    def _break(self, pair: _Pair, reason: str | None) -> None:
+        """A failed operation may leave the peer's half posted: the pair cannot be trusted any more."""
+        if pair.broken is None:
+            pair.broken = reason or "failed"
+            log.warning("nccl: pair with %s broken: %s", pair.agent, pair.broken)
+        with self._pairs_lock:
+            self._pairs.pop(pair.id, None)
+        if pair.serial is not None:
+            pair.serial.close()
+            pair.pg = None  # acceptor: closes the group once pending waits let go of it
+
+    def _check_pair(self, pair: _Pair) -> None:
+        if pair.broken is not None:
+            raise TransportError(f"nccl: pair with {pair.agent} is broken ({pair.broken}); connect again")
+
+    # --- initiator ------------------------------------------------------------------------------
+
+    def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Any:
+        pair: _Pair = peer.backend
+        self._check_pair(pair)
+        o = _Op(op, pair, notify)
+        buf, o.staging = self._gather(local) if op == "WRITE" else self._landing(local)
+        request = {"op": "send" if op == "READ" else "recv", "pair": pair.id, "spans": remote.tolist()}
+        if op == "WRITE" and notify is not None:
+            request["notify"] = notify
+        try:
+            with pair.lock:
+                self._check_pair(pair)
+                o.tag = request["tag"] = next(pair.tags)
+                pair.ops[o.tag] = o
+                # Request first: NCCL's first operation blocks until the peer posts its own.
+                self._control.send(pair.control, request)
+                work = (pair.pg.recv if op == "READ" else pair.pg.send)([buf], pair.peer_rank, o.tag)
+        except Exception as e:
+            pair.ops.pop(o.tag, None)
+            self._staging.put(o.staging)
+            if not isinstance(e, TransportError):
+                self._break(pair, _reason(e))
+            raise
+        scatter = local if op == "READ" and o.staging is not None else None
+        o.future = _background(self._settle, o, work, buf, scatter)
+        return o
+
+    def _settle(self, o: _Op, work: Any, buf: Any, scatter: np.ndarray | None) -> None:
+        work.wait(timedelta(seconds=self.transfer_timeout_s))  # raises on failure or timeout
+        if scatter is not None:
+            with o.lock:
+                if not o.abandoned:
+                    self._scatter(scatter, buf)
+
+    def _poll(self, o: _Op) -> Status:
+        pair = o.pair
+        if o.ack is not None and not o.ack[0]:
+            return failed(f"peer {pair.agent}: {o.ack[1]}")
+        if not o.future.done():
+            return failed(f"pair with {pair.agent} broken: {pair.broken}") if pair.broken else STATUS_PENDING
+        if o.future.exception() is not None:
+            return failed(_reason(o.future.exception()))
+        if o.op == "WRITE":  # done only once the bytes are in place on the peer
+            if o.ack is None:
+                return failed(f"pair with {pair.agent} broken: {pair.broken}") if pair.broken else STATUS_PENDING
+        elif o.notify is not None:
+            self._control.send(pair.control, {"op": "notify", "msg": o.notify})
+        return STATUS_DONE
+
+    def _release(self, o: _Op | None, status: Status) -> None:
+        if o is None:
+            return
+        o.pair.ops.pop(o.tag, None)
+        if status.state == FAILED:
+            self._break(o.pair, status.reason)
+        with o.lock:
+            o.abandoned = True
+            if o.future is not None and o.future.done():
+                self._staging.put(o.staging)  # a buffer still posted is left to the garbage collector
+            o.staging = o.future = None
+
+    # --- acceptor -------------------------------------------------------------------------------
+
+    def _on_message(self, sender: str, m: dict[str, Any]) -> None:
+        op = m.get("op")
+        if op == "notify":
+            self._notes.put((sender, m["msg"]))
+            return
+        if op == "hello":
+            pair = _Pair(m["pair"], m["agent"], m["control"], rank=0, serial=_Serial(f"pdsdk-nccl-{m['agent']}"))
+            with self._pairs_lock:
+                self._pairs[pair.id] = pair
+            pair.serial.submit(self._accept, pair)  # the join blocks: never on this thread
+            return
+        with self._pairs_lock:
+            pair = self._pairs.get(m.get("pair"))
+        if op in ("send", "recv"):
+            if pair is None or pair.rank != 0:
+                # Broken here, so the initiator already had a failed ack (or its deadline) for this pair.
+                log.warning("nccl: %s asked to %s on unknown pair %s", sender, op, m.get("pair"))
+                return
+            pair.serial.submit(self._serve, pair, m)
+        elif op == "ack" and pair is not None:
+            o = pair.ops.get(m["tag"])
+            if o is not None:
+                o.ack = (bool(m["ok"]), m.get("error"))
+                if not o.ack[0]:
+                    self._break(pair, f"peer {pair.agent}: {o.ack[1]}")
+        elif op == "bye" and pair is not None:
+            self._break(pair, "peer closed the pair")
+
+    def _accept(self, pair: _Pair) -> None:
+        try:
+            pair.pg = self._new_group(self._store, pair)
+        except Exception as e:  # noqa: BLE001
+            self._break(pair, f"{pair.agent} did not join within {self.connect_timeout_s:g}s ({_reason(e)})")
+
+    def _serve(self, pair: _Pair, m: dict[str, Any]) -> None:
+        """Post our half of one request (on the pair's serial thread); a waiter finishes it."""
+        tag = m["tag"]
+        staging = None
+        try:
+            self._check_pair(pair)
+            spans = check_spans(np.asarray(m["spans"], dtype=np.int64).reshape(-1, 3), self.regions, "requested")
+            if m["op"] == "send":
+                buf, staging = self._gather(spans)
+                work = pair.pg.send([buf], pair.peer_rank, tag)
+            else:
+                buf, staging = self._landing(spans)
+                work = pair.pg.recv([buf], pair.peer_rank, tag)
+        except Exception as e:  # noqa: BLE001
+            self._staging.put(staging)
+            self._fail_request(pair, tag, e)
+            return
+        _background(self._complete, pair, m, work, buf, staging, spans)
+
+    def _complete(self, pair: _Pair, m: dict[str, Any], work: Any, buf: Any, staging: Any,
+                  spans: np.ndarray) -> None:
+        try:
+            work.wait(timedelta(seconds=self.transfer_timeout_s))
+            if m["op"] == "recv":
+                if staging is not None:
+                    self._scatter(spans, buf)
+                if m.get("notify") is not None:
+                    self._notes.put((pair.agent, m["notify"]))
+                self._ack(pair, m["tag"], True)
+        except Exception as e:  # noqa: BLE001
+            self._fail_request(pair, m["tag"], e)
+        finally:
+            self._staging.put(staging)
+
+    def _fail_request(self, pair: _Pair, tag: int, e: BaseException) -> None:
+        reason = _reason(e)
+        self._break(pair, reason)
+        self._ack(pair, tag, False, reason)  # the initiator fails now instead of at its deadline
+
+    def _ack(self, pair: _Pair, tag: int, ok: bool, error: str | None = None) -> None:
+        if not self._closed:
+            self._control.send(pair.control, {"op": "ack", "pair": pair.id, "tag": tag, "ok": ok, "error": error})
+
+    # --- contiguous tensors over spans ----------------------------------------------------------
+
+    def _span_views(self, spans: np.ndarray) -> list[Any]:
+        return [self._views[r][o:o + n] for r, o, n in spans.tolist()]
+
+    def _landing(self, spans: np.ndarray) -> tuple[Any, Any]:
+        """Where a receive lands: the span itself if it is one run, else a staging buffer."""
+        if len(spans) == 1:
+            return self._span_views(spans)[0], None
+        nbytes = int(spans[:, 2].sum())
+        staging = self._staging.get(nbytes, self.regions[int(spans[0, 0])].device)
+        return staging[:nbytes], staging
+
+    def _gather(self, spans: np.ndarray) -> tuple[Any, Any]:
+        """What a send reads: the span itself if it is one run, else the spans packed into staging."""
+        buf, staging = self._landing(spans)
+        if staging is not None:
+            torch.cat(self._span_views(spans), out=buf)
+        return buf, staging
+
+    def _scatter(self, spans: np.ndarray, buf: Any) -> None:
+        torch._foreach_copy_(self._span_views(spans), list(buf.split(spans[:, 2].tolist())))
+        if buf.is_cuda:
+            torch.cuda.current_stream(buf.device).synchronize()  # "done" means the bytes are in place
+
+    # --- the rest -------------------------------------------------------------------------------
+
+    def _notifications(self) -> list[tuple[str, bytes]]:
+        out = []
+        while not self._notes.empty():
+            out.append(self._notes.get_nowait())
+        return out
+
+    def _extra_stats(self) -> dict[str, Any]:
+        with self._pairs_lock:
+            pairs = list(self._pairs.values())
+        return {"pairs": len(pairs), "initiated": sum(p.rank == 1 for p in pairs)}
+
+    def _close(self) -> None:
+        with self._pairs_lock:
+            pairs = list(self._pairs.values())
+        for pair in pairs:
+            if pair.rank == 1 and pair.broken is None:
+                self._control.send(pair.control, {"op": "bye", "pair": pair.id})  # best effort
+            self._break(pair, "transport closed")
+            pair.pg = pair.store = None  # no global teardown: there is no default group
+        self._control.close()
+        self._staging.clear()
+        self._store = None
