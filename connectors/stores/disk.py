@@ -101,23 +101,25 @@ class DiskStore(Store):
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
         hints = hints or Hints()
         stored = nbytes = 0
+        batch: set[bytes] = set()
         for key, page in zip(keys, pages):
             key = bytes(key)
+            batch.add(key)
             with self._lock:
                 if key in self._retention and not self._retention.expired(key):
                     stored += 1  # content-addressed: the same key holds the same bytes
                     continue
             view = byte_view(page)
-            if not self._write(key, view, hints):
+            if not self._write(key, view, hints, batch):
                 break  # later pages of this prefix would be unreachable anyway
             stored, nbytes = stored + 1, nbytes + len(view)
         self._record_put(stored, nbytes)
         return stored
 
-    def _reserve(self, size: int) -> bool:
+    def _reserve(self, size: int, batch: set[bytes]) -> bool:
         with self._lock:
             need = self._retention.used + self._reserved + size - self.capacity_bytes
-            victims = self._retention.victims(max(need, 0))
+            victims = self._retention.victims(max(need, 0), batch)
             moved = self._evict(victims)
             ok = self._retention.used + self._reserved + size <= self.capacity_bytes
             if ok:
@@ -153,10 +155,10 @@ class DiskStore(Store):
             finally:
                 aside.unlink(missing_ok=True)
 
-    def _write(self, key: bytes, view: memoryview, hints: Hints) -> bool:
+    def _write(self, key: bytes, view: memoryview, hints: Hints, batch: set[bytes]) -> bool:
         header = self._header(key, len(view), zlib.crc32(view), hints)
         size = len(header) + len(view)
-        if not self._reserve(size):
+        if not self._reserve(size, batch):
             log.warning("%s: no room for a %d-byte page (capacity %d, rest pinned)", self.name, size,
                         self.capacity_bytes)
             return False
@@ -169,7 +171,7 @@ class DiskStore(Store):
                     break
                 except OSError as e:
                     tmp.unlink(missing_ok=True)
-                    if e.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == 2 or not self._free_for(size):
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == 2 or not self._free_for(size, batch):
                         raise
             final.parent.mkdir(exist_ok=True)
             with self._lock:
@@ -200,10 +202,10 @@ class DiskStore(Store):
         finally:
             os.close(fd)
 
-    def _free_for(self, size: int) -> bool:
+    def _free_for(self, size: int, batch: set[bytes]) -> bool:
         """The filesystem is full before our capacity is: evict to make room for one page."""
         with self._lock:
-            victims = self._retention.victims(2 * size)
+            victims = self._retention.victims(2 * size, batch)
             moved = self._evict(victims)
         self._after_evict(victims, moved)
         return bool(victims)

@@ -23,28 +23,30 @@ class MemoryStore(Store):
 
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
         stored = nbytes = 0
+        batch: set[bytes] = set()
         for key, page in zip(keys, pages):
             key = bytes(key)
+            batch.add(key)
             with self._lock:
                 if key in self._pages and not self._retention.expired(key):
                     self._retention.add(key, len(self._pages[key]), hints)  # same content; new hints
                     stored += 1
                     continue
             data = bytearray(byte_view(page))  # the one copy, outside the lock
-            if not self._insert(key, data, hints):
+            if not self._insert(key, data, hints, batch):
                 break  # full of pinned pages: later pages of this prefix are useless anyway
             stored, nbytes = stored + 1, nbytes + len(data)
         self._record_put(stored, nbytes)
         return stored
 
-    def _insert(self, key: bytes, data: bytearray, hints: Hints | None) -> bool:
+    def _insert(self, key: bytes, data: bytearray, hints: Hints | None, batch: set[bytes]) -> bool:
         if len(data) > self.capacity_bytes:
             log.warning("%s: a %d-byte page is larger than the whole store", self.name, len(data))
             return False
         with self._lock:
             self._drop(key)
             need = self._retention.used + len(data) - self.capacity_bytes
-            victims = self._retention.victims(max(need, 0))  # expired pages go in any case
+            victims = self._retention.victims(max(need, 0), batch)  # expired pages go in any case
             demoted = [(v.key, self._pages.pop(v.key), v.hints) for v in victims if v.hints is not None]
             for v in victims:
                 self._pages.pop(v.key, None)

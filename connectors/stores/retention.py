@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 import msgspec
@@ -105,18 +105,26 @@ class Retention:
                 out.append((key, self.remove(key)))
         return out
 
-    def victims(self, need: int) -> list[Victim]:
-        """Remove and return pages to free at least `need` bytes. Frees less when only pinned
-        pages are left."""
+    def victims(self, need: int, protect: Collection[bytes] = ()) -> list[Victim]:
+        """Remove and return pages to free at least `need` bytes, never those in `protect` (the
+        batch being stored: evicting its own first pages would break its prefix). Frees less
+        when only pinned or protected pages are left."""
         out = [Victim(k, n, "ttl", None) for k, n in self.pop_expired()]
         freed = sum(v.nbytes for v in out)
-        while freed < need and self._buckets:
-            rank = min(self._buckets)
-            key = next(iter(self._buckets[rank]))
+        chosen = []
+        for rank in sorted(self._buckets):
+            for key in self._buckets[rank]:
+                if freed >= need:
+                    break
+                if key not in protect:
+                    chosen.append(key)
+                    freed += self._entries[key].nbytes
+            if freed >= need:
+                break
+        for key in chosen:
             entry = self._entries[key]
             self.remove(key)
             out.append(Victim(key, entry.nbytes, "capacity", self._remaining(entry)))
-            freed += entry.nbytes
         return out
 
     def _remaining(self, entry: _Entry) -> Hints:
