@@ -227,15 +227,21 @@ class Transport(ABC):
         return status
 
     def wait(self, handle: int, timeout: float | None = None) -> Status:
-        """Poll until final or until `timeout` seconds pass (then still pending). Backs off to 1 ms."""
-        end = None if timeout is None else time.monotonic() + timeout
-        sleep = 0.0
+        """Poll until final or until `timeout` seconds pass (then still pending). Yields for the
+        first millisecond (GPU transfers finish in tens of microseconds), then backs off to 1 ms."""
+        start = time.monotonic()
+        end = None if timeout is None else start + timeout
+        sleep = 2e-5
         while True:
             status = self.poll(handle)
-            if status.final or (end is not None and time.monotonic() > end):
+            now = time.monotonic()
+            if status.final or (end is not None and now > end):
                 return status
-            time.sleep(sleep)
-            sleep = min(0.001, sleep * 2 or 2e-5)
+            if now - start < 1e-3:
+                time.sleep(0)
+            else:
+                time.sleep(sleep)
+                sleep = min(0.001, sleep * 2)
 
     def release(self, handle: int) -> None:
         """Forget a finished transfer (poll keeps the final status until then)."""

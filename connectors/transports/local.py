@@ -184,19 +184,33 @@ class LocalTransport(Transport):
                        for p in byte_parts(local[:, 2], threads)])
 
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
+        """One gather/scatter kernel pair per region pair over the peer's IPC-opened memory."""
         from pdsdk.connectors.transports.buffers import torch_view
+        from pdsdk.connectors.transports.staging import common_page, copy_pages, page_indices
 
         torch = self._cuda().torch
         device = cuda_index(self.regions[int(local[0, 0])].device)
         stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
+        page = common_page(local, remote)
         with torch.cuda.stream(stream):
-            src_dst = []
-            laddr = span_addresses(local, self.regions)
-            for la, (region, offset, length) in zip(laddr.tolist(), remote.tolist()):
-                rb = self._remote_cuda_addr(peer, region, device) + offset
-                lt, rt = torch_view(la, length, f"cuda:{device}"), torch_view(rb, length, f"cuda:{device}")
-                src_dst.append((rt, lt) if op == "READ" else (lt, rt))
-            _gather_copy(torch, src_dst)
+            for lr, rr in {(int(a), int(b)) for a, b in zip(local[:, 0], remote[:, 0])}:
+                rows = np.flatnonzero((local[:, 0] == lr) & (remote[:, 0] == rr))
+                lreg, rreg = self.regions[lr], peer.regions[rr]
+                lview = torch_view(lreg.addr, lreg.length, f"cuda:{device}")
+                rview = torch_view(self._remote_cuda_addr(peer, rr, device), rreg.length, f"cuda:{device}")
+                if page is not None and lreg.length % page == 0 and rreg.length % page == 0:
+                    li = page_indices(local[rows, 1], local[rows, 2], page)
+                    ri = page_indices(remote[rows, 1], remote[rows, 2], page)
+                    lp, rp = lview.view(-1, page), rview.view(-1, page)
+                    if op == "READ":
+                        copy_pages(lp, li, rp, ri)
+                    else:
+                        copy_pages(rp, ri, lp, li)
+                else:
+                    for (lo, n), ro in zip(local[rows, 1:].tolist(), remote[rows, 1].tolist()):
+                        src, dst = (rview[ro:ro + n], lview[lo:lo + n]) if op == "READ" else \
+                            (lview[lo:lo + n], rview[ro:ro + n])
+                        dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
         future: Future = Future()
@@ -233,14 +247,3 @@ class LocalTransport(Transport):
         self._control.close()
         if self._ipc is not None:
             self._ipc.close()
-
-
-def _gather_copy(torch: Any, src_dst: list[tuple[Any, Any]]) -> None:
-    """Copy many equal-sized spans with one gather kernel; fall back to one copy per span."""
-    sizes = {s.numel() for s, _ in src_dst}
-    if len(src_dst) > 1 and len(sizes) == 1:
-        # torch._foreach_copy_ launches one fused kernel over all pairs.
-        torch._foreach_copy_([d for _, d in src_dst], [s for s, _ in src_dst])
-    else:
-        for s, d in src_dst:
-            d.copy_(s, non_blocking=True)

@@ -75,10 +75,17 @@ def _view(region: Region, offset: int, nbytes: int) -> Any:
     return torch_view(region.addr + offset, nbytes, region.device)
 
 
-def _page_runs(spans: np.ndarray) -> int | None:
-    """The largest page size all spans are whole multiples of (their gcd), or None if none fits."""
-    g = int(np.gcd.reduce(np.concatenate((spans[:, 1], spans[:, 2]))))
+def common_page(*span_arrays: np.ndarray) -> int | None:
+    """The largest page size every offset and length is a multiple of (their gcd), if >= 512 bytes."""
+    g = int(np.gcd.reduce(np.concatenate([np.concatenate((a[:, 1], a[:, 2])) for a in span_arrays])))
     return g if g >= 512 else None
+
+
+def page_indices(offsets: np.ndarray, lengths: np.ndarray, page: int) -> np.ndarray:
+    """Index of every page covered by runs (offset, length), in order."""
+    counts = lengths // page
+    first = offsets // page - np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return np.repeat(first, counts) + np.arange(int(counts.sum()))
 
 
 def gather(regions: list[Region], spans: np.ndarray, staging: StagingBuffer, offset: int) -> None:
@@ -91,43 +98,43 @@ def scatter(regions: list[Region], spans: np.ndarray, staging: StagingBuffer, of
     _move(regions, spans, staging, offset, into_staging=False)
 
 
+def copy_pages(dst: Any, dst_idx: np.ndarray, src: Any, src_idx: np.ndarray) -> None:
+    """dst[dst_idx] = src[src_idx] over page-shaped views: numpy arrays or (CUDA) tensors."""
+    if isinstance(dst, np.ndarray):
+        dst[dst_idx] = src[src_idx]
+        return
+    import torch
+
+    d = torch.from_numpy(dst_idx).to(dst.device, non_blocking=True)
+    s = torch.from_numpy(src_idx).to(src.device, non_blocking=True)
+    dst.index_copy_(0, d, src.index_select(0, s))
+
+
 def _move(regions: list[Region], spans: np.ndarray, staging: StagingBuffer, offset: int, into_staging: bool) -> None:
     total = int(spans[:, 2].sum())
     buf = _view(staging.region, offset, total)
-    page = _page_runs(spans)
-    on_gpu = cuda_index(staging.device) is not None
-    if on_gpu:
-        import torch
+    page = common_page(spans)
     starts = np.concatenate(([0], np.cumsum(spans[:, 2])[:-1]))
     for region_index in np.unique(spans[:, 0]):
         rows = np.flatnonzero(spans[:, 0] == region_index)
         region = regions[int(region_index)]
         if page is not None and region.length % page == 0:
-            # Expand runs into pages: staging page k <-> region page idx[k], one indexed copy.
-            counts = spans[rows, 2] // page
-            first = spans[rows, 1] // page
-            src = np.repeat(first - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
-            dst = np.repeat(starts[rows] // page - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) \
-                + np.arange(counts.sum())
             pages = _view(region, 0, region.length).reshape(-1, page)
             stage = buf.reshape(-1, page)
-            if on_gpu:
-                src_t = torch.from_numpy(src).to(pages.device, non_blocking=True)
-                dst_t = torch.from_numpy(dst).to(pages.device, non_blocking=True)
-                if into_staging:
-                    stage.index_copy_(0, dst_t, pages.index_select(0, src_t))
-                else:
-                    pages.index_copy_(0, src_t, stage.index_select(0, dst_t))
-            elif into_staging:
-                stage[dst] = pages[src]
+            region_idx = page_indices(spans[rows, 1], spans[rows, 2], page)
+            stage_idx = page_indices(starts[rows], spans[rows, 2], page)
+            if into_staging:
+                copy_pages(stage, stage_idx, pages, region_idx)
             else:
-                pages[src] = stage[dst]
+                copy_pages(pages, region_idx, stage, stage_idx)
         else:
             for r in rows:
                 a = _view(region, int(spans[r, 1]), int(spans[r, 2]))
                 b = buf[int(starts[r]):int(starts[r] + spans[r, 2])]
                 (b if into_staging else a)[:] = a if into_staging else b
-    if on_gpu:
+    if cuda_index(staging.device) is not None:
+        import torch
+
         torch.cuda.current_stream(staging.region.device).synchronize()
 
 
