@@ -1,0 +1,46 @@
+"""Profile the local transport's CUDA IPC path on one GPU (peer in another process)."""
+import cProfile
+import pstats
+import sys
+import time
+
+import numpy as np
+import torch
+
+from pdsdk.connectors.transports.buffers import allocate
+from pdsdk.connectors.transports.peer import PeerProcess
+from pdsdk.kv import KVLayout, Span, page_spans
+from pdsdk.plugins import registry
+
+pb, n = 32768, 4608
+N = 2 * n * pb
+layout = {"num_layers": 1, "num_kv_heads": 8, "head_dim": 64, "page_size": 32}
+peer = PeerProcess("local", N, device="cuda:0", layout=layout)
+t = registry().load("transport", "local")(name="local", layout=KVLayout(**layout, device="cuda:0"))
+buf, reg = allocate(N, "cuda:0")
+t.register([reg])
+p = t.connect(peer.descriptor)
+rng = np.random.default_rng(0)
+L, R = page_spans(0, rng.permutation(N // pb)[:n], pb), page_spans(0, rng.permutation(N // pb)[:n], pb)
+C = [Span(0, 0, 1 << 20)]
+for spans, name in ((C, "1MiB"), (None, "paged")):
+    for _ in range(3):
+        t.wait(t.read(p, spans or L, spans or R))
+    times = []
+    for _ in range(20):
+        s = time.perf_counter(); t.wait(t.read(p, spans or L, spans or R)); times.append(time.perf_counter() - s)
+    print(name, "median ms", np.median(times) * 1e3)
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(20):
+    t.wait(t.read(p, L, R))
+prof.disable()
+pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+# the kernels alone
+lp, rp = buf.view(-1, pb), buf.view(-1, pb)
+li = torch.from_numpy(np.arange(n)).cuda(); ri = torch.from_numpy(rng.permutation(N // pb)[:n]).cuda()
+torch.cuda.synchronize(); s = time.perf_counter()
+for _ in range(20):
+    lp.index_copy_(0, li, rp.index_select(0, ri))
+torch.cuda.synchronize(); print("kernels alone ms", (time.perf_counter() - s) / 20 * 1e3)
+peer.close(); t.close()
