@@ -142,22 +142,19 @@ def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], s
     if not len(arr):
         return arr
     sizes = np.array([r.length for r in regions], dtype=np.int64)
-    empty = arr[:, 2] <= 0
-    bad_region = (arr[:, 0] < 0) | (arr[:, 0] >= len(regions))
-    bad_range = np.zeros(len(arr), dtype=bool)
-    ok = ~bad_region
-    bad_range[ok] = (arr[ok, 1] < 0) | (arr[ok, 1] + arr[ok, 2] > sizes[arr[ok, 0]])
-    bad = np.flatnonzero(empty | bad_region | bad_range)
-    if len(bad):
-        i = int(bad[0])
-        region, offset, length = (int(x) for x in arr[i])
-        if empty[i]:
-            raise ValueError(f"{side} span {i} has length {length}; spans must cover at least one byte")
-        if bad_region[i]:
-            raise ValueError(f"{side} span {i} names region {region}; {len(regions)} region(s) are registered")
-        raise ValueError(f"{side} span {i} [{offset}, {offset + length}) is outside region {region} "
-                         f"of {regions[region].length} bytes")
-    return arr
+    region, offset, length = arr[:, 0], arr[:, 1], arr[:, 2]
+    # Fast path first (this runs on every transfer): bounds by min/max, details only on failure.
+    if (len(regions) and region.min() >= 0 and region.max() < len(regions) and length.min() > 0
+            and offset.min() >= 0 and ((offset + length) <= sizes[region]).all()):
+        return arr
+    for i, (r, o, n) in enumerate(arr.tolist()):
+        if n <= 0:
+            raise ValueError(f"{side} span {i} has length {n}; spans must cover at least one byte")
+        if not 0 <= r < len(regions):
+            raise ValueError(f"{side} span {i} names region {r}; {len(regions)} region(s) are registered")
+        if o < 0 or o + n > regions[r].length:
+            raise ValueError(f"{side} span {i} [{o}, {o + n}) is outside region {r} of {regions[r].length} bytes")
+    raise AssertionError("unreachable")
 
 
 def coalesce(local: Sequence[Span] | np.ndarray, remote: Sequence[Span] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -178,7 +175,9 @@ def coalesce(local: Sequence[Span] | np.ndarray, remote: Sequence[Span] | np.nda
     a, b = a[keep], b[keep]
     if not len(a):
         return a, b
-    order = np.lexsort((b[:, 1], b[:, 0], a[:, 1], a[:, 0]))
+    # One int64 sort key (region << 44 | offset): much faster than a 4-key lexsort. Regions of up to
+    # 16 TiB; equal keys (overlapping local spans) keep their order and are simply not merged.
+    order = np.argsort((a[:, 0] << 44) | a[:, 1], kind="stable")
     a, b = a[order], b[order]
     continues = ((a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + a[:-1, 2])
                  & (b[1:, 0] == b[:-1, 0]) & (b[1:, 1] == b[:-1, 1] + b[:-1, 2]))

@@ -62,10 +62,12 @@ def _cma(op: str, pid: int, laddr: np.ndarray, raddr: np.ndarray, lengths: np.nd
             raise OSError(errno.EFAULT, f"{call.__name__} moved {done} of {want} bytes; peer memory unmapped?")
 
 
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]  # cudaIpcMemHandle_t, passed by value to open
+
+
 class _CudaIpc:
     """CUDA IPC through the runtime and driver libraries that torch already loaded."""
-
-    HANDLE_BYTES = 64
 
     def __init__(self) -> None:
         import torch
@@ -73,18 +75,23 @@ class _CudaIpc:
         torch.cuda.init()
         self.torch = torch
         self.cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+        self.cudart.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(_IpcHandle), ctypes.c_void_p]
+        self.cudart.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), _IpcHandle, ctypes.c_uint]
+        self.cudart.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
         self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.cuda.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                      ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
         self.opened: dict[bytes, int] = {}
 
     def export(self, region: Region) -> dict[str, Any]:
         """IPC handle of the allocation holding the region, and the region's offset in it."""
         with self.torch.cuda.device(cuda_index(region.device)):
             base, size = ctypes.c_uint64(), ctypes.c_size_t()
-            self._check(self.cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
-                                                          ctypes.c_uint64(region.addr)), "cuMemGetAddressRange")
-            handle = ctypes.create_string_buffer(self.HANDLE_BYTES)
-            self._check(self.cudart.cudaIpcGetMemHandle(handle, ctypes.c_void_p(base.value)), "cudaIpcGetMemHandle")
-        return {"handle": handle.raw, "offset": region.addr - base.value}
+            self._check(self.cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), region.addr),
+                        "cuMemGetAddressRange")
+            handle = _IpcHandle()
+            self._check(self.cudart.cudaIpcGetMemHandle(ctypes.byref(handle), base.value), "cudaIpcGetMemHandle")
+        return {"handle": ctypes.string_at(ctypes.byref(handle), 64), "offset": region.addr - base.value}
 
     def open(self, exported: dict[str, Any], device: int) -> int:
         """Address, in this process, of the peer's region."""
@@ -92,16 +99,16 @@ class _CudaIpc:
         if key not in self.opened:
             with self.torch.cuda.device(device):
                 ptr = ctypes.c_void_p()
-                handle = ctypes.create_string_buffer(key, self.HANDLE_BYTES)
-                # cudaIpcMemHandle_t is passed by value: a 64-byte struct.
-                arg = (ctypes.c_byte * self.HANDLE_BYTES).from_buffer(handle)
-                self._check(self.cudart.cudaIpcOpenMemHandle(ctypes.byref(ptr), arg, 1), "cudaIpcOpenMemHandle")
+                handle = _IpcHandle()
+                ctypes.memmove(ctypes.byref(handle), key, 64)
+                self._check(self.cudart.cudaIpcOpenMemHandle(ctypes.byref(ptr), handle, 1),  # lazy peer access
+                            "cudaIpcOpenMemHandle")
             self.opened[key] = ptr.value
         return self.opened[key] + exported["offset"]
 
     def close(self) -> None:
         for ptr in self.opened.values():
-            self.cudart.cudaIpcCloseMemHandle(ctypes.c_void_p(ptr))
+            self.cudart.cudaIpcCloseMemHandle(ptr)
         self.opened.clear()
 
     @staticmethod
@@ -122,6 +129,7 @@ class LocalTransport(Transport):
         self._ipc: _CudaIpc | None = None
         self._exports: list[dict[str, Any] | None] = []
         self._gpu_streams: dict[int, Any] = {}
+        self._views: dict[tuple[int, int, int], Any] = {}
         self._lock_ipc = threading.Lock()
 
     def path(self) -> str:
@@ -183,9 +191,18 @@ class LocalTransport(Transport):
         return all_of([self._pool.submit(_cma, op, pid, laddr[p], raddr[p], lengths[p])
                        for p in byte_parts(local[:, 2], threads)])
 
+    def _view(self, addr: int, length: int, device: int) -> Any:
+        """Cached tensor over a region: making one from a raw pointer costs more than a small copy."""
+        from pdsdk.connectors.transports.buffers import torch_view
+
+        key = (addr, length, device)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = torch_view(addr, length, f"cuda:{device}")
+        return view
+
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         """One gather/scatter kernel pair per region pair over the peer's IPC-opened memory."""
-        from pdsdk.connectors.transports.buffers import torch_view
         from pdsdk.connectors.transports.staging import common_page, copy_pages, page_indices
 
         torch = self._cuda().torch
@@ -193,11 +210,15 @@ class LocalTransport(Transport):
         stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
         page = common_page(local, remote)
         with torch.cuda.stream(stream):
-            for lr, rr in {(int(a), int(b)) for a, b in zip(local[:, 0], remote[:, 0])}:
-                rows = np.flatnonzero((local[:, 0] == lr) & (remote[:, 0] == rr))
+            # Group spans by (local region, peer region); the common case has one of each.
+            multi = len(self.regions) * len(peer.regions) > 1
+            keys = local[:, 0] * len(peer.regions) + remote[:, 0] if multi else None
+            for key in np.unique(keys) if multi else (0,):
+                lr, rr = divmod(int(key), len(peer.regions))
+                rows = np.flatnonzero(keys == key) if multi else slice(None)
                 lreg, rreg = self.regions[lr], peer.regions[rr]
-                lview = torch_view(lreg.addr, lreg.length, f"cuda:{device}")
-                rview = torch_view(self._remote_cuda_addr(peer, rr, device), rreg.length, f"cuda:{device}")
+                lview = self._view(lreg.addr, lreg.length, device)
+                rview = self._view(self._remote_cuda_addr(peer, rr, device), rreg.length, device)
                 if page is not None and lreg.length % page == 0 and rreg.length % page == 0:
                     li = page_indices(local[rows, 1], local[rows, 2], page)
                     ri = page_indices(remote[rows, 1], remote[rows, 2], page)
@@ -243,6 +264,7 @@ class LocalTransport(Transport):
         return out
 
     def _close(self) -> None:
+        self._views.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._control.close()
         if self._ipc is not None:
