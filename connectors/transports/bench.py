@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import statistics
 import sys
 import time
@@ -20,6 +21,7 @@ import numpy as np
 from pdsdk.benchlog import append_rows, write_json
 
 MiB = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -67,6 +69,7 @@ def run(args) -> int:
             try:
                 records += bench_one(name, args, sizes, region, peer_device, status)
             except Exception as e:  # noqa: BLE001 - one broken transport must not hide the others
+                log.debug("%s failed", name, exc_info=True)
                 console.print(f"[red]{name} failed:[/] {type(e).__name__}: {e}")
                 records.append({"transport": name, "case": "error", "error": f"{type(e).__name__}: {e}"})
     for r in records:
@@ -121,6 +124,7 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
         remote = transport.connect(peer.descriptor)
         peer.call("fill", seed=1)
         post = transport.read if args.op == "read" else transport.write
+        post_pages = transport.read_pages if args.op == "read" else transport.write_pages
 
         def local_digest(spans: np.ndarray) -> str:
             h = hashlib.sha256()
@@ -130,12 +134,12 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
                 h.update(view.tobytes())
             return h.hexdigest()
 
-        def timed(local: np.ndarray, rem: np.ndarray, what: str) -> tuple[float, bool]:
+        def timed(local: np.ndarray, rem: np.ndarray, what: str, pages: tuple | None = None) -> tuple[float, bool]:
             times = []
             for i in range(args.repeats + 1):  # +1: the first run warms up connections and page tables
                 status.update(f"{name}: {what} run {i + 1}/{args.repeats + 1}")
                 start = time.perf_counter()
-                st = transport.wait(post(remote, local, rem))
+                st = transport.wait(post_pages(remote, 0, pages[0], 0, pages[1]) if pages else post(remote, local, rem))
                 if st.state != "done":
                     raise RuntimeError(f"{what}: {st.reason}")
                 times.append(time.perf_counter() - start)
@@ -155,9 +159,9 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
         if args.pages:
             rng = np.random.default_rng(7)
             slots = region_bytes // args.page_bytes
-            local = page_spans(0, rng.permutation(slots)[:args.pages], args.page_bytes)
-            rem = page_spans(0, rng.permutation(slots)[:args.pages], args.page_bytes)
-            seconds, ok = timed(local, rem, f"paged {args.pages} x {args.page_bytes} B")
+            local_ids, remote_ids = rng.permutation(slots)[:args.pages], rng.permutation(slots)[:args.pages]
+            local, rem = page_spans(0, local_ids, args.page_bytes), page_spans(0, remote_ids, args.page_bytes)
+            seconds, ok = timed(local, rem, f"paged {args.pages} x {args.page_bytes} B", (local_ids, remote_ids))
             staged = "staged" if transport._use_staging(remote, local, paged_bytes) else "direct"
             records.append(_record(name, "paged", paged_bytes, args.pages, seconds, ok, f"{transport.path()} {staged}"))
     finally:

@@ -191,6 +191,35 @@ class LocalTransport(Transport):
         return all_of([self._pool.submit(_cma, op, pid, laddr[p], raddr[p], lengths[p])
                        for p in byte_parts(local[:, 2], threads)])
 
+    def _post_pages(self, op: str, peer: Peer, local_region: int, local_pages: np.ndarray, remote_region: int,
+                    remote_pages: np.ndarray, notify: bytes | None) -> Any:
+        lreg, rreg = self.regions[local_region], peer.regions[remote_region]
+        device = cuda_index(lreg.device)
+        if device is None or cuda_index(rreg.device) is None:  # host pages: the span path batches iovecs
+            from pdsdk.kv import page_spans
+
+            pb = self.layout.page_bytes
+            return self._post(op, peer, page_spans(local_region, local_pages, pb),
+                              page_spans(remote_region, remote_pages, pb), notify)
+        from pdsdk.connectors.transports.staging import copy_pages
+
+        torch = self._cuda().torch
+        pb = self.layout.page_bytes
+        stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
+        with torch.cuda.stream(stream):
+            lp = self._view(lreg.addr, lreg.length // pb * pb, device).view(-1, pb)
+            rp = self._view(self._remote_cuda_addr(peer, remote_region, device), rreg.length // pb * pb,
+                            device).view(-1, pb)
+            if op == "READ":
+                copy_pages(lp, local_pages, rp, remote_pages)
+            else:
+                copy_pages(rp, remote_pages, lp, local_pages)
+            event = torch.cuda.Event()
+            event.record(stream)
+        future: Future = Future()
+        future.event = event
+        return future, peer, notify
+
     def _view(self, addr: int, length: int, device: int) -> Any:
         """Cached tensor over a region: making one from a raw pointer costs more than a small copy."""
         from pdsdk.connectors.transports.buffers import torch_view
@@ -202,7 +231,7 @@ class LocalTransport(Transport):
         return view
 
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
-        """One gather/scatter kernel pair per region pair over the peer's IPC-opened memory."""
+        """Few runs: one copy each (no temporary). Many: one gather/scatter kernel pair per region pair."""
         from pdsdk.connectors.transports.staging import common_page, copy_pages, page_indices
 
         torch = self._cuda().torch
@@ -219,7 +248,8 @@ class LocalTransport(Transport):
                 lreg, rreg = self.regions[lr], peer.regions[rr]
                 lview = self._view(lreg.addr, lreg.length, device)
                 rview = self._view(self._remote_cuda_addr(peer, rr, device), rreg.length, device)
-                if page is not None and lreg.length % page == 0 and rreg.length % page == 0:
+                few = (len(rows) if isinstance(rows, np.ndarray) else len(local)) <= 16
+                if not few and page is not None and lreg.length % page == 0 and rreg.length % page == 0:
                     li = page_indices(local[rows, 1], local[rows, 2], page)
                     ri = page_indices(remote[rows, 1], remote[rows, 2], page)
                     lp, rp = lview.view(-1, page), rview.view(-1, page)

@@ -11,17 +11,26 @@ transfer: scattered spans are gathered into (or scattered from) a staging buffer
 
 Gloo send/recv work reports completion only through a blocking `wait()`, so each pending
 operation has a daemon thread waiting on it with the transfer deadline; `poll` reads its result.
-A failed transfer breaks its pair: later transfers with that peer fail at once (connect again).
+Gloo can miss a peer that dies mid-message, so each side also holds an idle TCP connection to
+the other's store port, watched for the close that the kernel does when a process dies.
+A failed transfer breaks its pair: the group is aborted (pending operations on both sides fail at
+once, nothing lands late) and later transfers with that peer fail fast.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
 import queue
+import re
+import select
+import socket
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +49,17 @@ from pdsdk.connectors.transports.control import ControlChannel
 from pdsdk.kv import Region, check_spans
 
 log = logging.getLogger(__name__)
+
+KILL_TAG = 2**31 - 1  # never a transfer's tag: a receive on it that times out aborts a gloo group
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Quiesce our threads before the interpreter finalizes: a daemon thread coming back from torch's
+    C++ (a finished gloo wait) during finalization aborts the process ("terminate called")."""
+    for transport in list(_live):
+        transport.close()
 
 
 @dataclass(eq=False)
@@ -66,7 +86,7 @@ class _Pair:
     control: str  # its control channel
     rank: int
     pg: Any = None
-    store: Any = None  # initiator: client of the acceptor's store (kept with the group)
+    ping: socket.socket | None = None  # idle connection to the peer's store, for the watchdog
     serial: _Serial | None = None  # acceptor: posts requests in arrival order
     tags: Any = field(default_factory=itertools.count)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -83,7 +103,8 @@ class _Serial:
 
     def __init__(self, name: str):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, fn: Callable, *args: Any) -> None:
         self._queue.put((fn, args))
@@ -99,23 +120,11 @@ class _Serial:
                 log.exception("nccl: request failed")
 
 
-def _background(fn: Callable, *args: Any) -> Future:
-    """Run fn on a daemon thread: one blocked in a gloo wait must never hold up interpreter exit."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="pdsdk-nccl-wait", daemon=True).start()
-    return future
-
-
 def _reason(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+    """One short line: gloo prefixes its source location and appends advice."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\] ", "", text).split(". This is typically")[0]
+    return f"{type(e).__name__}: {text[:200]}"
 
 
 class _Staging:
@@ -160,6 +169,12 @@ class NcclTransport(Transport):
         self._store = dist.TCPStore(self.host, 0, None, True, timedelta(seconds=self.connect_timeout_s),
                                     wait_for_workers=False)
         self._control = ControlChannel(self.agent, self.host, self._on_message)
+        self._waiters: set[threading.Thread] = set()
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name=f"pdsdk-nccl-watch-{self.agent}",
+                                          daemon=True)
+        self._watchdog.start()
+        _live.add(self)
 
     def path(self) -> str:
         return self._backend
@@ -175,7 +190,12 @@ class NcclTransport(Transport):
         self._views.extend(torch_view(r.addr, r.length, r.device) for r in regions)
 
     def _metadata(self) -> dict[str, Any]:
-        return {"store_port": self._store.port, "control": self._control.address, "backend": self._backend}
+        return {"store_port": self._store.port, "control": self._control.address, "backend": self._backend,
+                "gpus": self._gpu_uuids()}
+
+    def _gpu_uuids(self) -> list[str]:
+        devices = {cuda_index(r.device) for r in self.regions} - {None}
+        return sorted(str(torch.cuda.get_device_properties(i).uuid) for i in devices)
 
     # --- pairs ----------------------------------------------------------------------------------
 
@@ -183,13 +203,19 @@ class NcclTransport(Transport):
         if d.meta.get("backend") != self._backend:
             raise TransportError(f"nccl: peer {d.agent} registered {d.meta.get('backend')} memory, this side "
                                  f"{self._backend}; register both sides on GPU or both on host")
+        shared = set(d.meta.get("gpus", [])) & set(self._gpu_uuids())
+        if shared:
+            raise TransportError(f"nccl: peer {d.agent} uses the same GPU as this side ({sorted(shared)[0]}); NCCL "
+                                 "cannot pair two ranks on one GPU: use transport 'local' (CUDA IPC) there")
         pair = _Pair(uuid.uuid4().hex, d.agent, d.meta["control"], rank=1)
         self._control.send(pair.control, {"op": "hello", "pair": pair.id, "agent": self.agent,
-                                          "control": self._control.address})
+                                          "control": self._control.address, "host": self.host,
+                                          "store_port": self._store.port})
         try:
-            pair.store = dist.TCPStore(d.host, d.meta["store_port"], None, False,
-                                       timedelta(seconds=self.connect_timeout_s), wait_for_workers=False)
-            pair.pg = self._new_group(pair.store, pair)
+            store = dist.TCPStore(d.host, d.meta["store_port"], None, False,
+                                  timedelta(seconds=self.connect_timeout_s), wait_for_workers=False)
+            pair.pg = self._new_group(store, pair)
+            pair.ping = self._ping((d.host, d.meta["store_port"]))
         except Exception as e:  # noqa: BLE001
             raise TransportError(f"nccl: no pair group with {d.agent} at {d.host}:{d.meta['store_port']} "
                                  f"within {self.connect_timeout_s:g}s ({_reason(e)})") from None
@@ -202,7 +228,7 @@ class NcclTransport(Transport):
         prefixed = dist.PrefixStore(f"pair/{pair.id}", store)
         if self._backend == "gloo":
             opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = timedelta(seconds=self.connect_timeout_s)  # bounds the join; each wait has its own
+            opts._timeout = timedelta(seconds=self.connect_timeout_s)  # bounds the join; waits have their own
             opts._threads = 1  # worker threads serve collectives only; send/recv never use them
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
             return dist.ProcessGroupGloo(prefixed, pair.rank, 2, opts)
@@ -213,16 +239,62 @@ class NcclTransport(Transport):
         opts._timeout = timedelta(seconds=self.transfer_timeout_s)
         return dist.ProcessGroupNCCL(prefixed, pair.rank, 2, opts)
 
-    def _break(self, pair: _Pair, reason: str | None) -> None:
+    def _break(self, pair: _Pair, reason: str | None, quiet: bool = False) -> None:
         """A failed operation may leave the peer's half posted: the pair cannot be trusted any more."""
         if pair.broken is None:
             pair.broken = reason or "failed"
-            log.warning("nccl: pair with %s broken: %s", pair.agent, pair.broken)
+            (log.debug if quiet else log.warning)("nccl: pair with %s broken: %s", pair.agent, pair.broken)
         with self._pairs_lock:
             self._pairs.pop(pair.id, None)
+        self._abort(pair)
+        if pair.ping is not None:
+            pair.ping.close()
         if pair.serial is not None:
             pair.serial.close()
-            pair.pg = None  # acceptor: closes the group once pending waits let go of it
+            pair.pg = None
+
+    def _abort(self, pair: _Pair) -> None:
+        """Fail every pending operation of the pair's group, here and at the peer (its connection closes)."""
+        pg = pair.pg
+        if pg is None:
+            return
+        try:
+            if self._backend == "nccl":
+                pg.abort()
+            else:  # gloo's abort() leaves waits blocked, but a timed-out wait closes the group's connections
+                work = pg.recv([torch.empty(1, dtype=torch.uint8)], pair.peer_rank, KILL_TAG)
+                work.wait(timedelta(milliseconds=1))
+        except Exception:  # noqa: BLE001 - expected: that is how it aborts
+            pass
+
+    def _ping(self, address: tuple[str, int]) -> socket.socket:
+        sock = socket.create_connection(address, self.connect_timeout_s)
+        sock.setblocking(False)
+        return sock
+
+    def _watch(self) -> None:
+        """Break pairs whose peer process is gone. Never blocks for long (close joins it)."""
+        while not self._stop.is_set():
+            with self._pairs_lock:
+                pings = {p.ping.fileno(): p for p in self._pairs.values() if p.ping is not None}
+            pings.pop(-1, None)  # closed by a concurrent _break
+            if not pings:
+                self._stop.wait(0.1)
+                continue
+            poller = select.poll()
+            for fd in pings:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll(100):
+                pair = pings[fd]
+                try:  # the store never writes to a connection that sent nothing: readable means closed
+                    gone = pair.ping.recv(4096) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:  # worth a warning only when it costs transfers
+                    self._break(pair, f"peer {pair.agent} is gone (connection to its store closed)",
+                                quiet=not pair.ops)
 
     def _check_pair(self, pair: _Pair) -> None:
         if pair.broken is not None:
@@ -249,12 +321,30 @@ class NcclTransport(Transport):
         except Exception as e:
             pair.ops.pop(o.tag, None)
             self._staging.put(o.staging)
-            if not isinstance(e, TransportError):
-                self._break(pair, _reason(e))
-            raise
+            if isinstance(e, TransportError):
+                raise
+            self._break(pair, _reason(e))
+            raise TransportError(f"nccl: {_reason(e)}") from None
         scatter = local if op == "READ" and o.staging is not None else None
-        o.future = _background(self._settle, o, work, buf, scatter)
+        o.future = self._background(self._settle, o, work, buf, scatter)
         return o
+
+    def _background(self, fn: Callable, *args: Any) -> Future:
+        """Run fn on a daemon thread (a gloo wait must not hold up interpreter exit); close() joins them."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001
+                future.set_exception(e)
+            finally:
+                self._waiters.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name=f"pdsdk-nccl-wait-{self.agent}", daemon=True)
+        self._waiters.add(thread)
+        thread.start()
+        return future
 
     def _settle(self, o: _Op, work: Any, buf: Any, scatter: np.ndarray | None) -> None:
         work.wait(timedelta(seconds=self.transfer_timeout_s))  # raises on failure or timeout
@@ -267,23 +357,23 @@ class NcclTransport(Transport):
         pair = o.pair
         if o.ack is not None and not o.ack[0]:
             return failed(f"peer {pair.agent}: {o.ack[1]}")
-        if not o.future.done():
-            return failed(f"pair with {pair.agent} broken: {pair.broken}") if pair.broken else STATUS_PENDING
-        if o.future.exception() is not None:
+        ok = o.future.done() and o.future.exception() is None
+        if ok and (o.op == "READ" or o.ack is not None):  # a WRITE is done once the peer has the bytes
+            if o.op == "READ" and o.notify is not None:
+                self._control.send(pair.control, {"op": "notify", "msg": o.notify})
+            return STATUS_DONE
+        if pair.broken:  # breaking aborts the group, failing our wait too: name the cause, not the abort
+            return failed(f"pair with {pair.agent} broken: {pair.broken}")
+        if o.future.done() and not ok:
             return failed(_reason(o.future.exception()))
-        if o.op == "WRITE":  # done only once the bytes are in place on the peer
-            if o.ack is None:
-                return failed(f"pair with {pair.agent} broken: {pair.broken}") if pair.broken else STATUS_PENDING
-        elif o.notify is not None:
-            self._control.send(pair.control, {"op": "notify", "msg": o.notify})
-        return STATUS_DONE
+        return STATUS_PENDING
 
     def _release(self, o: _Op | None, status: Status) -> None:
         if o is None:
             return
         o.pair.ops.pop(o.tag, None)
         if status.state == FAILED:
-            self._break(o.pair, status.reason)
+            self._break(o.pair, status.reason, quiet=self._closed)
         with o.lock:
             o.abandoned = True
             if o.future is not None and o.future.done():
@@ -298,10 +388,11 @@ class NcclTransport(Transport):
             self._notes.put((sender, m["msg"]))
             return
         if op == "hello":
-            pair = _Pair(m["pair"], m["agent"], m["control"], rank=0, serial=_Serial(f"pdsdk-nccl-{m['agent']}"))
+            pair = _Pair(m["pair"], m["agent"], m["control"], rank=0,
+                         serial=_Serial(f"pdsdk-nccl-{m['agent']}"))
             with self._pairs_lock:
                 self._pairs[pair.id] = pair
-            pair.serial.submit(self._accept, pair)  # the join blocks: never on this thread
+            pair.serial.submit(self._accept, pair, (m["host"], m["store_port"]))  # blocks: not on this thread
             return
         with self._pairs_lock:
             pair = self._pairs.get(m.get("pair"))
@@ -318,11 +409,12 @@ class NcclTransport(Transport):
                 if not o.ack[0]:
                     self._break(pair, f"peer {pair.agent}: {o.ack[1]}")
         elif op == "bye" and pair is not None:
-            self._break(pair, "peer closed the pair")
+            self._break(pair, "peer closed the pair", quiet=True)
 
-    def _accept(self, pair: _Pair) -> None:
+    def _accept(self, pair: _Pair, peer_store: tuple[str, int]) -> None:
         try:
             pair.pg = self._new_group(self._store, pair)
+            pair.ping = self._ping(peer_store)  # so a dead initiator does not leave its pair here for good
         except Exception as e:  # noqa: BLE001
             self._break(pair, f"{pair.agent} did not join within {self.connect_timeout_s:g}s ({_reason(e)})")
 
@@ -332,7 +424,8 @@ class NcclTransport(Transport):
         staging = None
         try:
             self._check_pair(pair)
-            spans = check_spans(np.asarray(m["spans"], dtype=np.int64).reshape(-1, 3), self.regions, "requested")
+            spans = np.asarray(m["spans"], dtype=np.int64).reshape(-1, 3)
+            spans = check_spans(spans, self.regions, "requested")
             if m["op"] == "send":
                 buf, staging = self._gather(spans)
                 work = pair.pg.send([buf], pair.peer_rank, tag)
@@ -343,7 +436,7 @@ class NcclTransport(Transport):
             self._staging.put(staging)
             self._fail_request(pair, tag, e)
             return
-        _background(self._complete, pair, m, work, buf, staging, spans)
+        self._background(self._complete, pair, m, work, buf, staging, spans)
 
     def _complete(self, pair: _Pair, m: dict[str, Any], work: Any, buf: Any, staging: Any,
                   spans: np.ndarray) -> None:
@@ -367,7 +460,8 @@ class NcclTransport(Transport):
 
     def _ack(self, pair: _Pair, tag: int, ok: bool, error: str | None = None) -> None:
         if not self._closed:
-            self._control.send(pair.control, {"op": "ack", "pair": pair.id, "tag": tag, "ok": ok, "error": error})
+            self._control.send(pair.control,
+                               {"op": "ack", "pair": pair.id, "tag": tag, "ok": ok, "error": error})
 
     # --- contiguous tensors over spans ----------------------------------------------------------
 
@@ -408,13 +502,19 @@ class NcclTransport(Transport):
         return {"pairs": len(pairs), "initiated": sum(p.rank == 1 for p in pairs)}
 
     def _close(self) -> None:
+        self._stop.set()
         with self._pairs_lock:
             pairs = list(self._pairs.values())
         for pair in pairs:
             if pair.rank == 1 and pair.broken is None:
                 self._control.send(pair.control, {"op": "bye", "pair": pair.id})  # best effort
-            self._break(pair, "transport closed")
-            pair.pg = pair.store = None  # no global teardown: there is no default group
+            self._break(pair, "transport closed", quiet=True)  # aborts: pending waits return now
         self._control.close()
+        end = time.monotonic() + 2
+        for thread in [*self._waiters.copy(), self._watchdog, *(p.serial.thread for p in pairs if p.serial)]:
+            thread.join(max(0.0, end - time.monotonic()))
+        for pair in pairs:
+            pair.pg = None  # no global teardown: there is no default group
         self._staging.clear()
         self._store = None
+        _live.discard(self)

@@ -83,6 +83,23 @@ def test_scattered_pages_out_of_order(pair, op):
     assert digest(buf, local) == peer.call("digest", spans=rows(rem))["digest"]
 
 
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_page_api_moves_scattered_pages(pair, op):
+    t, buf, peer, remote = pair
+    rng = np.random.default_rng(16)
+    local_ids, remote_ids = rng.permutation(NBYTES // PAGE)[:300], rng.permutation(NBYTES // PAGE)[:300]
+    peer.call("fill", seed=17)
+    buf[:] = rng.integers(0, 256, NBYTES, dtype=np.uint8)
+    post = t.read_pages if op == "read" else t.write_pages
+    assert t.wait(post(remote, 0, local_ids, 0, remote_ids)).state == "done"
+    assert digest(buf, page_spans(0, local_ids, PAGE)) == \
+        peer.call("digest", spans=rows(page_spans(0, remote_ids, PAGE)))["digest"]
+    with pytest.raises(ValueError, match=r"remote page ids must be in \[0, 2048\)"):
+        t.read_pages(remote, 0, [0], 0, [NBYTES // PAGE])
+    with pytest.raises(ValueError, match="2 local pages but 1 remote"):
+        t.read_pages(remote, 0, [0, 1], 0, [0])
+
+
 def test_many_transfers_in_flight(pair):
     t, buf, peer, remote = pair
     peer.call("fill", seed=15)

@@ -51,4 +51,11 @@ post = (time.perf_counter() - s) / 20
 for h2 in range(h - 19, h + 1):
     t.wait(h2)
 print("post only ms", post * 1e3)
+lids, rids = L[:, 1] // pb, R[:, 1] // pb
+for _ in range(3):
+    t.wait(t.read_pages(p, 0, lids, 0, rids))
+times = []
+for _ in range(20):
+    s = time.perf_counter(); t.wait(t.read_pages(p, 0, lids, 0, rids)); times.append(time.perf_counter() - s)
+print("read_pages paged median ms", np.median(times) * 1e3)
 peer.close(); t.close()
