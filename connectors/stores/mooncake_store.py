@@ -16,6 +16,7 @@ for that long; other ttl_s, priority and keep are not enforced by Mooncake.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Sequence
 
@@ -33,7 +34,8 @@ class MooncakeStore(Store):
     def __init__(self, name: str = "mooncake", master: str = "127.0.0.1:50051",
                  metadata_server: str = "P2PHANDSHAKE", local_hostname: str = "127.0.0.1",
                  protocol: str = "tcp", device: str = "", segment_bytes: int = 256 << 20,
-                 buffer_bytes: int = 64 << 20, prefix: str = "pdsdk/", probe_s: float = 1.0):
+                 buffer_bytes: int = 64 << 20, prefix: str = "pdsdk/", probe_s: float = 1.0,
+                 connect_timeout_s: float = 10.0):
         super().__init__(name)
         self.master, self.prefix, self.probe_s = master, prefix, probe_s
         self._config = {"local_hostname": local_hostname, "metadata_server": metadata_server,
@@ -41,18 +43,39 @@ class MooncakeStore(Store):
                         "protocol": protocol, "rdma_devices": device, "master_server_addr": master}
         self._client = MooncakeDistributedStore()
         self._set_up = False
+        self._warned = False
         self._up = threading.Event()
         self._closed = threading.Event()
-        self._setup()
+        # The binding holds the GIL: setup() against an absent master freezes the whole process
+        # for about 90 s, health_check() for about 4 s. So the prober thread first checks that
+        # the master's port accepts connections, and the engine starts with a store that answers
+        # misses until the master is there.
         self._prober = threading.Thread(target=self._probe, name=f"pdsdk-{name}-probe", daemon=True)
         self._prober.start()
+        self._up.wait(connect_timeout_s)
+
+    def _listening(self) -> bool:
+        host, _, port = self.master.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
 
     def _setup(self) -> None:
+        if not self._listening():
+            if not self._warned:
+                log.warning("%s: mooncake master %s is not listening; answering misses until it is",
+                            self.name, self.master)
+                self._warned = True
+            return
         try:
             rc = self._client.setup(self._config)
         except Exception as e:  # noqa: BLE001 - the binding raises plain RuntimeErrors
             rc = str(e)
-        if rc == 0:
+        if rc == 0 and self._closed.is_set():  # closed while connecting
+            self._client.close()
+        elif rc == 0:
             self._set_up = True
             self._up.set()
         else:
@@ -60,12 +83,13 @@ class MooncakeStore(Store):
                         self.name, self.master, rc)
 
     def _probe(self) -> None:
+        self._setup()
         while not self._closed.wait(self.probe_s):
             if self._up.is_set():
                 continue
             if not self._set_up:
                 self._setup()
-            elif self._client.health_check() == 0:
+            elif self._listening() and self._client.health_check() == 0:
                 log.info("%s: mooncake master %s reachable again", self.name, self.master)
                 self._up.set()
 

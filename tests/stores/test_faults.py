@@ -1,0 +1,225 @@
+"""Backends failing under the stores: they answer misses and log, never raise, never lie."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+
+import pytest
+from stores.servers import free_port, mooncake_options, start_mooncake_master, start_redis
+
+from pdsdk.connectors.stores.disk import DiskStore
+
+PAGE = 4096
+
+
+def pages(n, size=PAGE):
+    return [os.urandom(size) for _ in range(n)]
+
+
+def keys(n, salt):
+    return [f"{salt}-{i}".encode().ljust(32, b".") for i in range(n)]
+
+
+def read(store, ks, size=PAGE):
+    out = [bytearray(size) for _ in ks]
+    hits = store.get(ks, out)
+    return hits, [bytes(o) for o in out[:hits]]
+
+
+def eventually(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- disk ---------------------------------------------------------------------------------------
+def test_disk_reopen_finds_pages_and_hints(tmp_path):
+    ks, ps = keys(4, "reopen"), pages(4)
+    with DiskStore(path=tmp_path, capacity_bytes=6 * (PAGE + 256)) as s:
+        s.put(ks[:2], ps[:2])
+        from pdsdk.connectors.stores.base import Hints
+        s.put(ks[2:], ps[2:], Hints(pin=True))
+    with DiskStore(path=tmp_path, capacity_bytes=6 * (PAGE + 256)) as s:
+        assert read(s, ks) == (4, ps)
+        s.put(keys(6, "churn"), pages(6))
+        assert s.contains(ks[2:]) == 2  # still pinned after the restart
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header"])
+def test_disk_damaged_page_is_a_miss_and_a_log_line(tmp_path, caplog, damage):
+    ks, ps = keys(3, "bad"), pages(3)
+    s = DiskStore(path=tmp_path)
+    s.put(ks, ps)
+    victim = s._path(ks[1])
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0x01
+    elif damage == "truncate":
+        data = data[:-1]
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data[0:4] = b"XXXX"
+    victim.write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="pdsdk.stores"):
+        hits, got = read(s, ks)
+    assert (hits, got) == (1, ps[:1])  # page 0 only: never the damaged bytes
+    assert any(str(victim) in r.getMessage() for r in caplog.records)
+    assert not victim.exists() and s.contains(ks) == 1
+    assert s.stats()["errors"] >= 1
+    s.put(ks[1:], ps[1:])  # the page can be stored again
+    assert read(s, ks) == (3, ps)
+
+
+def test_disk_damaged_file_found_on_reopen_is_dropped(tmp_path):
+    ks, ps = keys(2, "reopen-bad"), pages(2)
+    with DiskStore(path=tmp_path) as s:
+        s.put(ks, ps)
+        victim = s._path(ks[0])
+    victim.write_bytes(victim.read_bytes()[:10])
+    with DiskStore(path=tmp_path) as s:
+        assert s.contains(ks) == 0 and s.contains(ks[1:]) == 1
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 1 MiB tmpfs: a real filesystem that fills up. Mounting needs root."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_filesystem_evicts_and_never_raises(tiny_fs):
+    s = DiskStore(path=tiny_fs, capacity_bytes=64 << 20)  # our bound is far above the filesystem's
+    ks, ps = keys(80, "full"), pages(80, 64 << 10)  # 5 MiB into 1 MiB
+    for k, p in zip(ks, ps):
+        s.put([k], [p])
+    stats = s.stats()
+    assert stats["errors"] >= 1 or stats["evictions"] >= 1
+    survivors = [i for i, k in enumerate(ks) if s.contains([k])]
+    assert survivors and survivors[-1] == 79  # making room kept the newest page
+    for i in survivors:
+        assert read(s, [ks[i]], 64 << 10) == (1, [ps[i]])
+    s.close()
+
+
+# -- redis --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_redis_killed_then_restarted(tmp_path):
+    from pdsdk.connectors.stores.redis_store import RedisStore
+
+    server = start_redis(tmp_path)
+    try:
+        s = RedisStore(url=f"redis://127.0.0.1:{server.port}/0", timeout_s=0.5, backoff_max_s=0.5)
+        ks, ps = keys(4, "kill"), pages(4)
+        assert s.put(ks, ps) == 4
+        server.kill()
+        for _ in range(5):  # misses, nothing raised, and quickly once the store knows
+            assert read(s, ks) == (0, [])
+            assert s.put(ks, ps) == 0 and s.contains(ks) == 0 and s.delete(ks) == 0
+        t = time.monotonic()
+        read(s, ks)
+        assert time.monotonic() - t < 0.6
+        assert s.stats()["errors"] >= 1 and s.stats()["reachable"] is False
+        server.start()  # same port, empty (no persistence)
+        assert eventually(lambda: s.put(ks, ps) == 4)
+        assert read(s, ks) == (4, ps)
+        s.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_redis_unreachable_from_the_start():
+    from pdsdk.connectors.stores.redis_store import RedisStore
+
+    s = RedisStore(url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+    assert s.put(keys(1, "x"), pages(1)) == 0
+    assert read(s, keys(1, "x")) == (0, [])
+    assert s.stats()["errors"] == 1  # later calls wait for the backoff instead of failing again
+    s.close()
+
+
+@pytest.mark.slow
+def test_redis_pressure_keeps_pinned_pages(tmp_path):
+    """The server evicts (volatile-lru, 4 MB): unpinned pages go, pinned ones stay, bytes stay exact."""
+    from pdsdk.connectors.stores.base import Hints
+    from pdsdk.connectors.stores.redis_store import RedisStore
+
+    server = start_redis(tmp_path, maxmemory="4mb")
+    try:
+        s = RedisStore(url=f"redis://127.0.0.1:{server.port}/0")
+        pinned, pinned_pages = keys(8, "pin"), pages(8, 64 << 10)
+        assert s.put(pinned, pinned_pages, Hints(pin=True)) == 8
+        ks, ps = keys(200, "churn"), pages(200, 64 << 10)  # 12.5 MiB through 4 MiB
+        for i in range(0, 200, 10):
+            s.put(ks[i:i + 10], ps[i:i + 10])
+        assert read(s, pinned, 64 << 10) == (8, pinned_pages)
+        assert s.stats()["server_evicted_keys"] > 0
+        for i, k in enumerate(ks):
+            hits, got = read(s, [k], 64 << 10)
+            assert got == ps[i:i + 1][:hits]
+        s.close()
+    finally:
+        server.stop()
+
+
+# -- mooncake -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_mooncake_master_down(tmp_path):
+    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+
+    master = start_mooncake_master(tmp_path)
+    try:
+        s = MooncakeStore(**mooncake_options(master))
+        ks, ps = keys(4, "mc"), pages(4)
+        assert s.put(ks, ps) == 4 and read(s, ks) == (4, ps)
+        master.kill()
+        read(s, ks)  # the first call after the crash may wait out the RPC timeout
+        assert eventually(lambda: not s.stats()["reachable"], 15)
+        t = time.monotonic()
+        for _ in range(3):
+            assert read(s, ks) == (0, []) and s.put(ks, ps) == 0 and s.contains(ks) == 0
+        assert time.monotonic() - t < 0.5  # answered locally while the master is down
+        assert s.stats()["errors"] >= 1
+        s.close()
+    finally:
+        master.stop()
+
+
+@pytest.mark.slow
+def test_mooncake_master_unreachable_at_start():
+    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+
+    t = time.monotonic()
+    s = MooncakeStore(master=f"127.0.0.1:{free_port()}", segment_bytes=16 << 20, buffer_bytes=16 << 20,
+                      connect_timeout_s=1)
+    assert read(s, keys(1, "x")) == (0, []) and s.put(keys(1, "x"), pages(1)) == 0
+    assert time.monotonic() - t < 3  # setup goes on in the background
+    s.close()
+
+
+@pytest.mark.slow
+def test_mooncake_delete_right_after_get_despite_lease(mooncake_master):
+    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+
+    s = MooncakeStore(**mooncake_options(mooncake_master))
+    ks, ps = keys(3, "lease"), pages(3)
+    s.put(ks, ps)
+    assert read(s, ks) == (3, ps)  # takes a lease on every page
+    assert s.delete(ks) == 3
+    assert s.contains(ks) == 0
+    s.close()
+
+
+from stores.servers import mooncake_master  # noqa: E402,F401 - fixture
