@@ -40,7 +40,12 @@ class TieredStore(Store):
         return demote
 
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
-        stored = self.tiers[0].put(keys, pages, hints)
+        # A batch larger than a tier (which never evicts its own batch) goes on in the next one.
+        stored = 0
+        for tier in self.tiers:
+            stored += tier.put(keys[stored:], pages[stored:], hints)
+            if stored >= len(keys):
+                break
         self._record_put(stored, 0)
         return stored
 
