@@ -1,7 +1,9 @@
 """`memory`: pages in this process's RAM, bounded in bytes, evicted by hint-aware LRU.
 
 Copies happen outside the lock (one into the store on put, one into the caller's buffer on get),
-so threads copying different pages run in parallel; the lock only guards the index.
+so threads copying different pages run in parallel; the lock only guards the index. Buffers of
+evicted or deleted pages are reused for new pages of the same size: fresh memory costs a page
+fault per 4 KiB on first touch, which alone cut puts to a fifth of copy speed.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, copy_into, log
 from pdsdk.connectors.stores.retention import Retention
 
 
@@ -20,6 +22,9 @@ class MemoryStore(Store):
         self._pages: dict[bytes, bytearray] = {}
         self._retention = Retention()
         self._lock = threading.Lock()
+        self._free: dict[int, list[bytearray]] = {}  # reusable page buffers by size
+        self._free_bytes = 0
+        self._readers = 0  # gets copying outside the lock: buffers dropped meanwhile are not reused
 
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
         stored = nbytes = 0
@@ -32,12 +37,31 @@ class MemoryStore(Store):
                     self._retention.add(key, len(self._pages[key]), hints)  # same content; new hints
                     stored += 1
                     continue
-            data = bytearray(byte_view(page))  # the one copy, outside the lock
+            view = byte_view(page)
+            data = self._take(len(view))
+            if data is None:
+                data = bytearray(view)  # the one copy, outside the lock
+            else:
+                copy_into(data, view)
             if not self._insert(key, data, hints, batch):
                 break  # full of pinned pages: later pages of this prefix are useless anyway
             stored, nbytes = stored + 1, nbytes + len(data)
         self._record_put(stored, nbytes)
         return stored
+
+    def _take(self, size: int) -> bytearray | None:
+        with self._lock:
+            free = self._free.get(size)
+            if not free:
+                return None
+            self._free_bytes -= size
+            return free.pop()
+
+    def _recycle(self, data: bytearray) -> None:
+        """Keep a dropped page's buffer for reuse (caller holds the lock), within capacity."""
+        if self._readers == 0 and self._retention.used + self._free_bytes + len(data) <= self.capacity_bytes:
+            self._free.setdefault(len(data), []).append(data)
+            self._free_bytes += len(data)
 
     def _insert(self, key: bytes, data: bytearray, hints: Hints | None, batch: set[bytes]) -> bool:
         if len(data) > self.capacity_bytes:
@@ -49,7 +73,9 @@ class MemoryStore(Store):
             victims = self._retention.victims(max(need, 0), batch)  # expired pages go in any case
             demoted = [(v.key, self._pages.pop(v.key), v.hints) for v in victims if v.hints is not None]
             for v in victims:
-                self._pages.pop(v.key, None)
+                old = self._pages.pop(v.key, None)
+                if old is not None:
+                    self._recycle(old)
             if self._retention.used + len(data) > self.capacity_bytes:
                 ok = False
             else:
@@ -63,8 +89,10 @@ class MemoryStore(Store):
         return ok
 
     def _drop(self, key: bytes) -> None:
-        if self._pages.pop(key, None) is not None:
+        data = self._pages.pop(key, None)
+        if data is not None:
             self._retention.remove(key)
+            self._recycle(data)
 
     def _prefix(self, keys: Sequence[bytes], touch: bool) -> list[bytearray]:
         """The stored pages of the hit prefix (caller holds the lock)."""
@@ -86,14 +114,20 @@ class MemoryStore(Store):
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
         with self._lock:
             found = self._prefix(keys, touch=True)
+            self._readers += 1
         hits = nbytes = 0
-        for data, buf in zip(found, out):
-            view = byte_view(buf)
-            if len(data) > len(view):
-                log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, len(data), len(view))
-                break
-            view[: len(data)] = data  # a bytearray evicted meanwhile stays alive through `found`
-            hits, nbytes = hits + 1, nbytes + len(data)
+        try:
+            for data, buf in zip(found, out):
+                view = byte_view(buf)
+                if len(data) > len(view):
+                    log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, len(data),
+                                len(view))
+                    break
+                copy_into(view, data)  # a page evicted meanwhile stays intact: its buffer is not reused
+                hits, nbytes = hits + 1, nbytes + len(data)
+        finally:
+            with self._lock:
+                self._readers -= 1
         self._record_get(hits, len(keys), nbytes)
         return hits
 
@@ -116,4 +150,6 @@ class MemoryStore(Store):
     def close(self) -> None:
         with self._lock:
             self._pages.clear()
+            self._free.clear()
+            self._free_bytes = 0
             self._retention = Retention()
