@@ -10,6 +10,7 @@ One process owns a directory (TP ranks: one directory each, or distinct key name
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -18,6 +19,7 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
@@ -30,11 +32,12 @@ HEADER = struct.Struct("<4sBBhdQIH")
 PIN, KEEP = 1, 2
 SUFFIX = ".kv"
 BAD = -2  # a damaged page file: a miss, and the file goes
+PARALLEL_BYTES = 1 << 20  # smaller batches: thread hand-offs cost more than they save
 
 
 class DiskStore(Store):
     def __init__(self, name: str = "disk", path: str | os.PathLike = "~/.cache/pdsdk/kv",
-                 capacity_bytes: int = 16 << 30, fsync: bool = False):
+                 capacity_bytes: int = 16 << 30, fsync: bool = False, io_threads: int = 2):
         super().__init__(name)
         self.root = Path(path).expanduser()
         self.capacity_bytes = int(capacity_bytes)
@@ -44,12 +47,21 @@ class DiskStore(Store):
         self._retention = Retention()
         self._reserved = 0  # bytes of pages being written, counted against capacity
         self._tmp.mkdir(parents=True, exist_ok=True)
+        # CRC-32 and file I/O release the GIL: a batch's pages are checksummed and written (or
+        # read) by a few threads at once, so the checksum hides behind the I/O.
+        self._pool = ThreadPoolExecutor(io_threads, f"pdsdk-{name}-io") if io_threads > 1 else None
+        self._dirs: set[str] = set()
         self._reopen()
 
     # -- layout ---------------------------------------------------------------------------------
     def _path(self, key: bytes) -> Path:
         digest = hashlib.blake2b(key, digest_size=20).hexdigest()  # the header holds the full key
         return self.root / digest[:2] / (digest + SUFFIX)
+
+    def _map(self, fn, *iterables, big: bool = True) -> list:
+        if self._pool is None or not big:
+            return list(map(fn, *iterables))
+        return list(self._pool.map(fn, *iterables))
 
     @staticmethod
     def _header(key: bytes, length: int, crc: int, hints: Hints) -> bytes:
@@ -99,21 +111,42 @@ class DiskStore(Store):
 
     # -- put ------------------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
+        """Three phases: room for the batch, in order (never evicting the batch itself); the files,
+        in parallel; then renames into place and index entries, in order, so LRU order is the
+        batch's order. A page that finds no room cuts the batch: later pages would be unreachable."""
         hints = hints or Hints()
-        stored = nbytes = 0
-        batch: set[bytes] = set()
-        for key, page in zip(keys, pages):
-            key = bytes(key)
-            batch.add(key)
-            with self._lock:
-                if key in self._retention and not self._retention.expired(key):
-                    stored += 1  # content-addressed: the same key holds the same bytes
-                    continue
-            view = byte_view(page)
-            if not self._write(key, view, hints, batch):
-                break  # later pages of this prefix would be unreachable anyway
-            stored, nbytes = stored + 1, nbytes + len(view)
-        self._record_put(stored, nbytes)
+        keys = [bytes(k) for k in keys[: len(pages)]]
+        views = [byte_view(p) for p in pages[: len(keys)]]
+        batch = set(keys)
+        with self._lock:
+            known = [k in self._retention and not self._retention.expired(k) for k in keys]
+        sizes = [HEADER.size + len(k) + len(v) for k, v in zip(keys, views)]
+        todo = []
+        for i, key in enumerate(keys):
+            if known[i]:
+                continue  # content-addressed: a stored key holds the same bytes
+            if not self._reserve(sizes[i], batch):
+                log.warning("%s: no room for a %d-byte page (capacity %d, rest pinned)", self.name, sizes[i],
+                            self.capacity_bytes)
+                break
+            todo.append(i)
+        files = self._map(lambda i: self._write(keys[i], views[i], hints, sizes[i], batch), todo,
+                          big=len(todo) > 1 and sum(sizes) >= PARALLEL_BYTES)
+        ok = dict.fromkeys(range(len(keys)), False)
+        with self._lock:
+            for i, tmp in zip(todo, files):
+                self._reserved -= sizes[i]
+                if tmp is not None:
+                    try:
+                        os.replace(tmp, self._path(keys[i]))
+                        self._retention.add(keys[i], sizes[i], hints)
+                        ok[i] = True
+                    except OSError as e:
+                        os.unlink(tmp)
+                        self._record_error()
+                        log.warning("%s: cannot rename a page into place: %s", self.name, e)
+        stored = next((i for i in range(len(keys)) if not (known[i] or ok[i])), len(keys))
+        self._record_put(stored, sum(len(views[i]) for i in range(stored) if ok[i]))
         return stored
 
     def _reserve(self, size: int, batch: set[bytes]) -> bool:
@@ -155,39 +188,29 @@ class DiskStore(Store):
             finally:
                 aside.unlink(missing_ok=True)
 
-    def _write(self, key: bytes, view: memoryview, hints: Hints, batch: set[bytes]) -> bool:
+    def _write(self, key: bytes, view: memoryview, hints: Hints, size: int, batch: set[bytes]) -> str | None:
+        """Checksum and write one page to a temporary file; its path, or None on failure."""
         header = self._header(key, len(view), zlib.crc32(view), hints)
-        size = len(header) + len(view)
-        if not self._reserve(size, batch):
-            log.warning("%s: no room for a %d-byte page (capacity %d, rest pinned)", self.name, size,
-                        self.capacity_bytes)
-            return False
         final = self._path(key)
-        tmp = self._tmp / f"{final.name}.{threading.get_ident()}"
-        try:
-            for attempt in (1, 2):
-                try:
-                    self._write_file(tmp, header, view)
-                    break
-                except OSError as e:
-                    tmp.unlink(missing_ok=True)
-                    if e.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == 2 or not self._free_for(size, batch):
-                        raise
+        tmp = str(self._tmp / f"{final.name}.{threading.get_ident()}")
+        if final.parent.name not in self._dirs:
             final.parent.mkdir(exist_ok=True)
-            with self._lock:
-                os.replace(tmp, final)
-                self._retention.add(key, size, hints)
-            return True
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            self._record_error()
-            log.warning("%s: cannot write a page to %s: %s", self.name, self.root, e)
-            return False
-        finally:
-            with self._lock:
-                self._reserved -= size
+            self._dirs.add(final.parent.name)
+        for attempt in (1, 2):
+            try:
+                self._write_file(tmp, header, view)
+                return tmp
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+                if not full or attempt == 2 or not self._free_for(size, batch):
+                    self._record_error()
+                    log.warning("%s: cannot write a page to %s: %s", self.name, self.root, e)
+                    return None
+        return None
 
-    def _write_file(self, tmp: Path, header: bytes, view: memoryview) -> None:
+    def _write_file(self, tmp: str, header: bytes, view: memoryview) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             parts = [memoryview(header), view]
@@ -212,15 +235,17 @@ class DiskStore(Store):
 
     # -- get ------------------------------------------------------------------------------------
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
-        hits = nbytes = 0
-        for key, buf in zip(keys, out):
-            key = bytes(key)
+        keys = [bytes(k) for k in keys]
+        alive = 0
+        for key in keys[: len(out)]:
             if not self._alive(key, touch=True):
                 break
-            n = self._read_into(key, byte_view(buf))
-            if n < 0:
-                break
-            hits, nbytes = hits + 1, nbytes + n
+            alive += 1
+        views = [byte_view(b) for b in out[:alive]]
+        got = self._map(self._read_into, keys[:alive], views,
+                        big=alive > 1 and sum(len(v) for v in views) >= PARALLEL_BYTES)
+        hits = next((i for i, n in enumerate(got) if n < 0), len(got))
+        nbytes = sum(got[:hits])
         self._record_get(hits, len(keys), nbytes)
         return hits
 
@@ -301,6 +326,11 @@ class DiskStore(Store):
                     self._forget(key)
                     present += 1
         return present
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def stats(self) -> dict:
         with self._lock:
