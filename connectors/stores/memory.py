@@ -58,8 +58,15 @@ class MemoryStore(Store):
             return free.pop()
 
     def _recycle(self, data: bytearray) -> None:
-        """Keep a dropped page's buffer for reuse (caller holds the lock), within capacity."""
-        if self._readers == 0 and self._retention.used + self._free_bytes + len(data) <= self.capacity_bytes:
+        """Keep a dropped page's buffer for reuse (caller holds the lock), within capacity;
+        buffers of other sizes make way (page sizes change rarely: with the model)."""
+        if self._readers:
+            return
+        for size in [n for n in self._free if n != len(data)]:
+            while self._free[size] and self._retention.used + self._free_bytes + len(data) > self.capacity_bytes:
+                self._free[size].pop()
+                self._free_bytes -= size
+        if self._retention.used + self._free_bytes + len(data) <= self.capacity_bytes:
             self._free.setdefault(len(data), []).append(data)
             self._free_bytes += len(data)
 
