@@ -33,6 +33,7 @@ from pdsdk.plugins import notify as notify_observers
 log = logging.getLogger(__name__)
 
 PENDING, DONE, FAILED = "pending", "done", "failed"
+MIN_VRAM_GBPS = 20.0  # below this, a large VRAM->VRAM transfer did not take NVLink/PCIe P2P
 Spans = Sequence[Span] | np.ndarray
 
 
@@ -137,6 +138,7 @@ class Transport(ABC):
         self.options = {**valid, **options}
         self.regions: list[Region] = []
         self._stager: Any = None
+        self._path_warning: str | None = None
         self._transfers: dict[int, _Transfer] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -274,7 +276,7 @@ class Transport(ABC):
         return {"transport": self.name, "agent": self.agent, "path": self.path(), "transfers": s.transfers,
                 "failed": s.failed, "bytes": s.bytes, "seconds": round(s.seconds, 6),
                 "gbps": round(s.bytes / s.seconds / 1e9, 3) if s.seconds else None,
-                "failures": dict(s.by_reason), **self._extra_stats()}
+                "failures": dict(s.by_reason), "path_warning": self._path_warning, **self._extra_stats()}
 
     def close(self) -> None:
         """Fail what is pending, release registered memory and connections. Idempotent."""
@@ -300,9 +302,17 @@ class Transport(ABC):
 
     # --- backend hooks --------------------------------------------------------------------------
 
-    @abstractmethod
     def path(self) -> str:
-        """What carries the bytes, e.g. "ucx(cma,tcp) DRAM->DRAM"."""
+        """What carries the bytes, e.g. "ucx(tls=auto) VRAM", with a loud WARNING when a fast path was
+        expected and a slow one was taken."""
+        return self._path() + (f" WARNING: {self._path_warning}" if self._path_warning else "")
+
+    @abstractmethod
+    def _path(self) -> str: ...
+
+    def _slow_path_hint(self) -> str:
+        """What to do when GPU memory moved through the host (transport-specific)."""
+        return "between processes on one GPU use transport 'local' (CUDA IPC)"
 
     @abstractmethod
     def _register(self, regions: list[Region]) -> None: ...
@@ -441,4 +451,12 @@ class Transport(ABC):
                              reason=status.reason)
 
     def _observe_rate(self, t: _Transfer, seconds: float) -> None:
-        """Hook for transports that check the achieved rate against their expected path."""
+        """GPU memory on both sides moving at host-copy speed means the bytes took a host (TCP)
+        path instead of NVLink/PCIe P2P: say so once, loudly, in the log and in path()."""
+        vram = all(r.device != "cpu" for r in self.regions + t.peer.regions)
+        if vram and t.nbytes >= (16 << 20) and self._path_warning is None:
+            gbps = t.nbytes / seconds / 1e9
+            if gbps < MIN_VRAM_GBPS:
+                self._path_warning = (f"VRAM->VRAM ran at {gbps:.2f} GB/s: the bytes went through the host, "
+                                      f"not NVLink/PCIe P2P; {self._slow_path_hint()}")
+                log.warning("%s: %s", self.name, self._path_warning)

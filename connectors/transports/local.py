@@ -132,7 +132,7 @@ class LocalTransport(Transport):
         self._views: dict[tuple[int, int, int], Any] = {}
         self._lock_ipc = threading.Lock()
 
-    def path(self) -> str:
+    def _path(self) -> str:
         devices = {r.device.split(":")[0] for r in self.regions} or {"cpu"}
         return "+".join(sorted({"cpu": "cma", "cuda": "cuda-ipc"}[d] for d in devices))
 

@@ -47,7 +47,7 @@ class MooncakeTransport(Transport):
             raise TransportError(f"mooncake: TransferEngine.initialize({self.host!r}, P2PHANDSHAKE, {protocol!r}) "
                                  f"returned {rc}")
         self._pool = ThreadPoolExecutor(int(self.options["threads"]), thread_name_prefix=f"pdsdk-mooncake-{self.agent}")
-        self._path, self._path_warning = self._detect_path(protocol)
+        self._protocol, self._path_warning = self._detect_path(protocol)
         if self._path_warning:
             log.warning("mooncake: %s", self._path_warning)
 
@@ -65,8 +65,11 @@ class MooncakeTransport(Transport):
             return "nvlink", None
         return "tcp", f"protocol {asked!r} was asked for but the engine found no RDMA device: it moves bytes over TCP"
 
-    def path(self) -> str:
-        return self._path + (f" WARNING: {self._path_warning}" if self._path_warning else "")
+    def _path(self) -> str:
+        return self._protocol
+
+    def _slow_path_hint(self) -> str:
+        return "ask protocol 'nvlink' (one host) or 'rdma', or use transport 'local' between processes of one GPU"
 
     def _register(self, regions: list[Region]) -> None:
         for r in regions:
@@ -108,9 +111,6 @@ class MooncakeTransport(Transport):
 
     def _notifications(self) -> list[tuple[str, bytes]]:
         return [(n.name, base64.b64decode(n.msg)) for n in self._engine.get_notifies()]
-
-    def _extra_stats(self) -> dict[str, Any]:
-        return {"path_warning": self._path_warning}
 
     def _close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)  # a call blocked on a dead peer must not hold us

@@ -176,7 +176,7 @@ class NcclTransport(Transport):
         self._watchdog.start()
         _live.add(self)
 
-    def path(self) -> str:
+    def _path(self) -> str:
         return self._backend
 
     def _register(self, regions: list[Region]) -> None:

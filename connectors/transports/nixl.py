@@ -39,7 +39,6 @@ def _prepare_env() -> None:
 _prepare_env()
 from nixl._api import nixl_agent, nixl_agent_config  # noqa: E402
 
-MIN_VRAM_GBPS = 20.0  # below this, a large VRAM->VRAM transfer did not take NVLink/PCIe P2P
 PREPPED_MIN_RUNS = 64  # fewer runs: building descriptors per transfer is cheaper than indexing
 PREPPED_MAX_PAGES = 1 << 20
 
@@ -63,13 +62,10 @@ class NixlTransport(Transport):
         self._reg_descs: list[Any] = []
         self._local_prepped: Any = None
         self._page_base: list[int] = []  # first page index of each local region in the prepped list
-        self._path_warning: str | None = None
 
-    def path(self) -> str:
+    def _path(self) -> str:
         mems = sorted({_mem(r.device)[0] for r in self.regions}) or ["DRAM"]
-        tls = os.environ.get("UCX_TLS", "auto")
-        warning = f" WARNING: {self._path_warning}" if self._path_warning else ""
-        return f"{'+'.join(self.options['backends']).lower()}(tls={tls}) {'+'.join(mems)}{warning}"
+        return f"{'+'.join(self.options['backends']).lower()}(tls={os.environ.get('UCX_TLS', 'auto')}) {'+'.join(mems)}"
 
     def _register(self, regions: list[Region]) -> None:
         for r in regions:
@@ -161,22 +157,13 @@ class NixlTransport(Transport):
         if backend is not None:
             self._agent.release_xfer_handle(backend)
 
-    def _observe_rate(self, t: Any, seconds: float) -> None:
-        vram = all(_mem(r.device)[0] == "VRAM" for r in self.regions + t.peer.regions)
-        if vram and t.nbytes >= (16 << 20) and self._path_warning is None:
-            gbps = t.nbytes / seconds / 1e9
-            if gbps < MIN_VRAM_GBPS:
-                self._path_warning = (f"VRAM->VRAM ran at {gbps:.2f} GB/s: UCX took a host path (TCP), not "
-                                      "NVLink/PCIe P2P; between processes on one GPU use transport 'local' "
-                                      "(CUDA IPC), otherwise check UCX_TLS includes cuda_ipc")
-                log.warning("nixl: %s", self._path_warning)
+    def _slow_path_hint(self) -> str:
+        return ("between processes on one GPU use transport 'local' (CUDA IPC), otherwise check UCX_TLS "
+                "includes cuda_ipc")
 
     def _notifications(self) -> list[tuple[str, bytes]]:
         return [(agent.decode() if isinstance(agent, bytes) else agent, msg)
                 for agent, msgs in self._agent.get_new_notifs().items() for msg in msgs]
-
-    def _extra_stats(self) -> dict[str, Any]:
-        return {"path_warning": self._path_warning}
 
     def _close(self) -> None:
         self._release_prepped()
