@@ -11,7 +11,8 @@ from pdsdk._version import __version__
 from pdsdk.errors import PdsdkError
 
 # Subcommand modules, imported on start-up: each must stay cheap to import.
-COMMANDS = ("pdsdk.cli.plugins", "pdsdk.cli.config", "pdsdk.cli.doctor", "pdsdk.cli.bench")
+COMMANDS = ("pdsdk.cli.plugins", "pdsdk.cli.config", "pdsdk.cli.doctor", "pdsdk.cli.bench", "pdsdk.cli.model",
+            "pdsdk.cli.router")
 
 
 def build_parser() -> argparse.ArgumentParser:

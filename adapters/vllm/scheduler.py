@@ -1,0 +1,119 @@
+"""The scheduler half of PdsdkConnector (runs in vLLM's EngineCore process).
+
+Prefill (kv_producer): after a request with `do_remote_decode` finishes, keep its blocks under a
+lease and answer with the `kv_transfer_params` a decode engine needs. Decode (kv_consumer): for a
+request carrying those params, claim the prompt's tokens as external, load them asynchronously,
+and tell the workers which blocks to pull. The request-level protocol is NixlConnector's, so the
+proxies people already run drive this connector unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pdsdk.adapters.side_channel import SideChannelServer
+from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
+from pdsdk.compat import vllm as compat
+from pdsdk.config import PdsdkConfig
+
+log = logging.getLogger(__name__)
+NEEDED = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids")
+
+
+class SchedulerSide:
+    def __init__(self, vllm_config: Any, config: PdsdkConfig, engine_id: str, fingerprint: str):
+        kv = vllm_config.kv_transfer_config
+        self.config = config
+        self.engine_id = engine_id
+        self.fingerprint = fingerprint
+        self.is_producer = kv.kv_role in ("kv_producer", "kv_both")
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.block_size = vllm_config.cache_config.block_size
+        self.host = compat.engine_host()
+        self.side_channel = SideChannelServer(self.host, int(kv.get_from_extra_config("side_channel_port", 0)))
+        self._receive: dict[str, Receive] = {}
+        self._send: dict[str, float] = {}
+
+    # --- handshake -----------------------------------------------------------------------------
+
+    def set_handshakes(self, metadata: dict[int, PdsdkHandshake]) -> None:
+        for rank, meta in metadata.items():
+            self.side_channel.entries[rank] = {"descriptor": meta.descriptor, "geometry": meta.geometry,
+                                               "tp_rank": rank, "engine_id": self.engine_id}
+        log.info("pdsdk: side channel %s:%d serves %d worker(s)", self.host, self.side_channel.port, len(metadata))
+
+    # --- decode side ---------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill") and all(params.get(k) is not None for k in NEEDED):
+            remote_tokens = params.get("remote_num_tokens") or request.num_prompt_tokens
+            count = min(remote_tokens, request.num_prompt_tokens) - num_computed_tokens
+            if count > 0:
+                return count, True
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return
+        if num_external_tokens > 0 and all(params.get(k) is not None for k in NEEDED):
+            # The external tokens are the prompt's tail after local prefix-cache hits (block aligned):
+            # the last n remote blocks land in the first n newly allocated local blocks.
+            n = -(-num_external_tokens // self.block_size)
+            local = compat.unhashed_block_ids(blocks)[:n]
+            remote = _flat(params["remote_block_ids"])[-n:]
+            if len(local) != len(remote):
+                log.warning("pdsdk: request %s: %d local blocks for %d remote ones; its load will fail",
+                            request.request_id, len(local), len(remote))
+                remote = []  # the worker reports every local block as a load error
+            self._receive[request.request_id] = Receive(
+                local_block_ids=local, remote_block_ids=remote,
+                engine_id=params["remote_engine_id"], request_id=params["remote_request_id"],
+                host=params["remote_host"], port=int(params["remote_port"]), tp_size=int(params.get("tp_size", 1)),
+                lease_expiry=(params.get("pdsdk") or {}).get("lease_expiry"))
+        params["do_remote_prefill"] = False  # one transfer per request, however often vLLM asks
+
+    # --- prefill side --------------------------------------------------------------------------
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):  # decode request aborted before its load was scheduled
+            params["do_remote_prefill"] = False
+            return False, None
+        if not params.get("do_remote_decode") or request.status not in compat.finished_statuses():
+            return False, None
+        block_ids = _flat(block_ids)
+        expiry = time.time() + self.config.timeouts.lease_s
+        if block_ids:
+            self._send[request.request_id] = expiry
+        return bool(block_ids), {
+            "do_remote_prefill": True, "do_remote_decode": False,
+            "remote_block_ids": block_ids, "remote_engine_id": self.engine_id,
+            "remote_request_id": request.request_id, "remote_host": self.host,
+            "remote_port": self.side_channel.port, "tp_size": self.tp_size,
+            "remote_num_tokens": request.num_computed_tokens,
+            "pdsdk": {"transport": self.config.transport.name if self.config.transport else None,
+                      "fingerprint": self.fingerprint, "lease_expiry": expiry},
+        }
+
+    # --- every step ----------------------------------------------------------------------------
+
+    def build_connector_meta(self) -> PdsdkMetadata:
+        meta = PdsdkMetadata(receive=self._receive, send=self._send)
+        self._receive, self._send = {}, {}
+        return meta
+
+    def shutdown(self) -> None:
+        self.side_channel.close()
+
+
+def _flat(block_ids: Any) -> list[int]:
+    """NixlConnector-style params carry one list per KV-cache group; pdsdk uses group 0."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return [int(b) for b in block_ids[0]]
+    return [int(b) for b in block_ids or []]

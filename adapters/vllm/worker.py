@@ -1,0 +1,194 @@
+"""The worker half of PdsdkConnector (one per TP rank, in vLLM's worker process).
+
+It registers the KV cache with the chosen transport, publishes the descriptor through the
+handshake, pulls pages for requests the scheduler names (decode), and releases pages the peer
+has read or whose lease ran out (prefill). Failures become load errors for vLLM to recompute
+(`kv_load_failure_policy: recompute`) or to fail; they never hang a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from pdsdk.adapters.side_channel import fetch
+from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
+from pdsdk.compat import vllm as compat
+from pdsdk.config import PdsdkConfig
+from pdsdk.kv import KVLayout, Region
+from pdsdk.plugins import registry
+
+log = logging.getLogger(__name__)
+READ_NOTE = b"pdsdk-read:"
+CORRUPT_ENV = "PDSDK_TEST_CORRUPT_KV"  # test-only fault hook: scribble over loaded pages
+
+
+def block_geometry(tensor: Any, num_blocks: int) -> list[int]:
+    """[planes, plane_stride, block_stride, block_bytes] of one layer's KV cache tensor."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"pdsdk: KV cache tensor of shape {tuple(tensor.shape)} is not contiguous")
+    el = tensor.element_size()
+    shape, strides = tuple(tensor.shape), tensor.stride()
+    if shape[0] == num_blocks:  # blocks first: K and V of a block are together (CPU backend, MLA)
+        return [1, 0, strides[0] * el, strides[0] * el]
+    if len(shape) > 1 and shape[0] == 2 and shape[1] == num_blocks:  # (K|V, blocks, ...): two planes
+        return [2, strides[0] * el, strides[1] * el, strides[1] * el]
+    raise ValueError(f"pdsdk: cannot find the block dimension ({num_blocks} blocks) in a KV cache tensor of "
+                     f"shape {shape}; this attention backend's layout is not supported yet")
+
+
+def block_spans(block_ids: list[int], geometry: list[list[int]]) -> np.ndarray:
+    """Spans (layer region, offset, length) of the given blocks in every layer and plane."""
+    ids = np.asarray(block_ids, dtype=np.int64)
+    parts = []
+    for layer, (planes, plane_stride, block_stride, block_bytes) in enumerate(geometry):
+        for plane in range(planes):
+            part = np.empty((len(ids), 3), dtype=np.int64)
+            part[:, 0], part[:, 1], part[:, 2] = layer, plane * plane_stride + ids * block_stride, block_bytes
+            parts.append(part)
+    return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+
+
+class WorkerSide:
+    def __init__(self, vllm_config: Any, config: PdsdkConfig, engine_id: str, tp_rank: int):
+        self.vllm_config = vllm_config
+        self.config = config
+        self.engine_id = engine_id
+        self.tp_rank = tp_rank
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.transport: Any = None
+        self.geometry: list[list[int]] = []
+        self._views: list[Any] = []
+        self._peers: dict[tuple[str, int], tuple[Any, list[list[int]]]] = {}
+        self._loading: dict[str, tuple[int, list[int]]] = {}  # request -> (transfer handle, local blocks)
+        self._received: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._sending: dict[str, float] = {}  # request -> lease expiry
+        self._read: dict[str, float] = {}  # request -> when the peer said it read it
+        self._finished: set[str] = set()
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any], num_blocks: int) -> None:
+        if self.config.transport is None:
+            return
+        tensors = list(kv_caches.values())
+        self.geometry = [block_geometry(t, num_blocks) for t in tensors]
+        self._views = tensors
+        model = self.vllm_config.model_config
+        first = tensors[0]
+        device = "cpu" if first.device.type == "cpu" else f"cuda:{first.device.index or 0}"
+        layout = KVLayout(num_layers=len(tensors), num_kv_heads=model.get_total_num_kv_heads(),
+                          head_dim=model.get_head_size(), page_size=self.vllm_config.cache_config.block_size,
+                          dtype=str(first.dtype).removeprefix("torch."), kv_split=not model.use_mla,
+                          device=device, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        spec = self.config.transport
+        cls = registry().load("transport", spec.name)
+        self.transport = cls(name=spec.name, layout=layout, host=compat.engine_host(),
+                             transfer_timeout_s=self.config.timeouts.transfer_s,
+                             connect_timeout_s=self.config.timeouts.connect_s, **spec.options)
+        self.transport.register([Region(t.data_ptr(), t.numel() * t.element_size(), device) for t in tensors])
+        log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
+                 self.transport.path(), layout.fingerprint())
+
+    def handshake(self) -> PdsdkHandshake | None:
+        if self.transport is None:
+            return None
+        return PdsdkHandshake(tp_rank=self.tp_rank, descriptor=self.transport.descriptor(), geometry=self.geometry)
+
+    # --- every step ----------------------------------------------------------------------------
+
+    def start_load_kv(self, meta: PdsdkMetadata) -> None:
+        self._sending.update(meta.send)
+        for request_id, receive in meta.receive.items():
+            self._start_receive(request_id, receive)
+
+    def _start_receive(self, request_id: str, r: Receive) -> None:
+        try:
+            if self.transport is None:
+                raise RuntimeError("this engine has no transport configured (pdsdk config 'transport')")
+            if not r.remote_block_ids or len(r.remote_block_ids) != len(r.local_block_ids):
+                raise ValueError(f"{len(r.local_block_ids)} local blocks for {len(r.remote_block_ids)} remote ones")
+            if r.tp_size != self.tp_size:
+                raise NotImplementedError(f"prefill TP={r.tp_size}, decode TP={self.tp_size}: heterogeneous TP "
+                                          "(page slicing by KV heads) is not supported by this version")
+            if r.lease_expiry is not None and time.time() > r.lease_expiry - 1.0:
+                raise TimeoutError("the prefill's lease on these blocks has expired")
+            peer, geometry = self._peer(r)
+            handle = self.transport.read(peer, block_spans(r.local_block_ids, self.geometry),
+                                         block_spans(r.remote_block_ids, geometry),
+                                         notify=READ_NOTE + r.request_id.encode())
+            self._loading[request_id] = (handle, r.local_block_ids)
+        except Exception as e:  # noqa: BLE001 - a failed load is recomputed or failed by vLLM, never raised
+            log.error("pdsdk: KV load for request %s from %s failed: %s: %s", request_id, r.engine_id,
+                      type(e).__name__, e)
+            self._fail(request_id, r.local_block_ids)
+
+    def _peer(self, r: Receive) -> tuple[Any, list[list[int]]]:
+        key = (r.engine_id, self.tp_rank)
+        if key not in self._peers:
+            entry = fetch(r.host, r.port, self.tp_rank, self.config.timeouts.connect_s)
+            self._peers[key] = (self.transport.connect(entry["descriptor"]), entry["geometry"])
+        return self._peers[key]
+
+    def _fail(self, request_id: str, local_block_ids: list[int]) -> None:
+        self._load_errors.update(local_block_ids)
+        self._received.add(request_id)  # vLLM wants failed loads reported as finished, with the errors
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.transport is None:
+            return None, None
+        for request_id, (handle, blocks) in list(self._loading.items()):
+            status = self.transport.poll(handle)
+            if not status.final:
+                continue
+            del self._loading[request_id]
+            self.transport.release(handle)
+            if status.state == "done":
+                if os.environ.get(CORRUPT_ENV) == "1":
+                    self._corrupt(blocks)
+                self._received.add(request_id)
+            else:
+                log.error("pdsdk: KV load for request %s failed: %s", request_id, status.reason)
+                self._fail(request_id, blocks)
+        now = time.time()
+        for _, note in self.transport.notifications():
+            if note.startswith(READ_NOTE):
+                self._read[note[len(READ_NOTE):].decode()] = now
+        self._finished |= finished_req_ids
+        done = {r for r, expiry in self._sending.items()
+                if r in self._finished and (r in self._read or now > expiry)}
+        for r in done:
+            if r not in self._read:
+                log.warning("pdsdk: lease of request %s expired before a decode engine read it", r)
+            del self._sending[r]
+            self._read.pop(r, None)
+        self._finished &= set(self._sending)
+        lease = self.config.timeouts.lease_s
+        self._read = {r: t for r, t in self._read.items() if now - t < 2 * lease}
+        received, self._received = self._received, set()
+        return done or None, received or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def _corrupt(self, blocks: list[int]) -> None:
+        import torch
+
+        for (planes, plane_stride, block_stride, block_bytes), tensor in zip(self.geometry, self._views):
+            flat = tensor.view(-1).view(torch.uint8)
+            for b in blocks:
+                for p in range(planes):
+                    start = p * plane_stride + b * block_stride
+                    flat[start:start + block_bytes] = torch.randint(0, 256, (block_bytes,), dtype=torch.uint8,
+                                                                    device=flat.device)
+        log.warning("pdsdk: %s=1: scribbled over %d loaded blocks (test-only fault hook)", CORRUPT_ENV, len(blocks))
+
+    def shutdown(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
