@@ -3,7 +3,17 @@
 from pdsdk.hookspecs import hookimpl
 
 # name -> (module:class, summary); imported only when used.
-BUILTIN_POLICIES: dict[str, tuple[str, str]] = {}
+BUILTIN_POLICIES: dict[str, tuple[str, str]] = {
+    "round_robin": ("pdsdk.router.policies_basic:RoundRobin", "each worker in turn"),
+    "random": ("pdsdk.router.policies_basic:Random", "uniform random worker"),
+    "least_load": ("pdsdk.router.policies_basic:LeastLoad", "fewest requests in flight"),
+    "power_of_two": ("pdsdk.router.policies_basic:PowerOfTwo", "less loaded of two random workers"),
+    "session": ("pdsdk.router.policy_session:Session", "sticky worker per session id (L6 hint)"),
+    "prefix": ("pdsdk.router.policy_prefix:Prefix",
+               "approximate radix tree of prompts sent, with a load-balance guard"),
+    "kv_events": ("pdsdk.router.policy_kv_events:KVEvents",
+                  "exact KV block index from the engines' ZMQ event streams"),
+}
 
 
 @hookimpl

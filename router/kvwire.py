@@ -1,0 +1,103 @@
+"""KV cache event wire formats of vLLM and SGLang (research/vllm.md section 4, sglang.md section 4).
+
+ZMQ PUB multipart: [topic, seq, payload]. seq is 8 bytes big-endian, or 24 bytes (seq + 16-byte
+publisher id) on vLLM newer than 0.33 with a snapshot endpoint. payload is a msgpack array
+[ts, events, data_parallel_rank]. Each event is either
+- a map tagged by "type" (vLLM 0.33, SGLang >= 0.5.20; None-valued optionals may be omitted), or
+- a positional array whose first item is the tag (older vLLM, SGLang <= 0.5.15):
+  ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...],
+  ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"].
+Hashes are opaque: ints (vLLM: low 64 bits of sha256; SGLang: signed int64) or raw bytes.
+
+Decoding is generic (no schema), so fields added by newer engines never break the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+END_SEQ = -1
+_decoder = msgspec.msgpack.Decoder()
+
+
+@dataclass(slots=True)
+class Stored:
+    block_hashes: list
+    parent: Any
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    extra_keys: Any = None
+    group_idx: int | None = None
+
+
+@dataclass(slots=True)
+class Removed:
+    block_hashes: list
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+@dataclass(slots=True)
+class Cleared:
+    pass
+
+
+class WireError(ValueError):
+    """A message that is not a KV event batch."""
+
+
+def parse_seq(frame: bytes) -> tuple[int, bytes | None]:
+    """(seq, publisher id or None). -1 marks the end of a replay."""
+    if len(frame) == 8:
+        return int.from_bytes(frame, "big", signed=True), None
+    if len(frame) == 24:
+        return int.from_bytes(frame[:8], "big", signed=True), bytes(frame[8:])
+    raise WireError(f"sequence frame of {len(frame)} bytes (expected 8 or 24)")
+
+
+def decode_batch(payload: bytes) -> tuple[float, list, int | None]:
+    """(timestamp, events, data_parallel_rank) from one payload."""
+    try:
+        obj = _decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise WireError(f"payload is not msgpack: {e}") from None
+    if isinstance(obj, dict):
+        ts, events, rank = obj.get("ts", 0.0), obj.get("events"), obj.get("data_parallel_rank")
+    elif isinstance(obj, list) and len(obj) >= 2:
+        ts, events, rank = obj[0], obj[1], (obj[2] if len(obj) > 2 else None)
+    else:
+        raise WireError(f"payload is a {type(obj).__name__}, not a KV event batch")
+    if not isinstance(events, list):
+        raise WireError("batch has no event list")
+    return ts, [ev for ev in (_event(e) for e in events) if ev is not None], rank
+
+
+def _event(e) -> Stored | Removed | Cleared | None:
+    """One event in either encoding; unknown event types are skipped (newer engines add some)."""
+    if isinstance(e, dict):
+        kind = e.get("type")
+        if kind == "BlockStored":
+            return Stored(e.get("block_hashes") or [], e.get("parent_block_hash"), e.get("token_ids") or [],
+                          e.get("block_size") or 0, e.get("lora_id"), e.get("medium"), e.get("extra_keys"),
+                          e.get("group_idx"))
+        if kind == "BlockRemoved":
+            return Removed(e.get("block_hashes") or [], e.get("medium"), e.get("group_idx"))
+        if kind == "AllBlocksCleared":
+            return Cleared()
+        return None
+    if isinstance(e, list) and e:
+        kind, f = e[0], e[1:]
+        if kind == "BlockStored" and len(f) >= 4:
+            return Stored(f[0] or [], f[1], f[2] or [], f[3] or 0, f[4] if len(f) > 4 else None,
+                          f[5] if len(f) > 5 else None)
+        if kind == "BlockRemoved" and f:
+            return Removed(f[0] or [], f[1] if len(f) > 1 else None)
+        if kind == "AllBlocksCleared":
+            return Cleared()
+        return None
+    raise WireError(f"event is a {type(e).__name__}")

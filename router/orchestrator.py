@@ -1,0 +1,259 @@
+"""One client request end to end: pick workers, run the engine's PD protocol, retry on a new
+worker or pair while nothing has reached the client, account load and breakers, and cancel the
+workers' requests when the client goes away (closing a connection makes vLLM/SGLang abort)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from pdsdk import plugins
+from pdsdk.router import pd, rmetrics
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
+from pdsdk.router.requests import batch_size
+from pdsdk.router.upstream import Retryable, open_stream, passthrough, post_json, read_all, relay
+from pdsdk.router.workers import Worker, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    main: Worker  # plain worker, or the decode worker in PD mode
+    prefill: Worker | None = None  # None in PD mode: decode alone (conditional disaggregation)
+
+
+def json_error(status: int, message: str, kind: str = "invalid_request_error", **headers: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}},
+                             status=status, headers=headers)
+
+
+class Orchestrator:
+    def __init__(self, cfg: RouterConfig, pool: WorkerPool, policies: dict[str, Policy],
+                 session: aiohttp.ClientSession):
+        self.cfg, self.pool, self.policies, self.session = cfg, pool, policies, session
+        self._warned_no_params: set[str] = set()
+
+    # --- planning -------------------------------------------------------------------------
+    def _choose(self, role: str, req: RouteRequest, excluded: set[str]) -> Choice:
+        cands = self.pool.candidates(role, excluded, req.model)
+        policy = self.policies[role]
+        choice = policy.choose(cands, req)
+        plugins.notify("pdsdk_route_decision", policy=policy.name, request_id=req.request_id, role=role,
+                       worker=choice.worker.url, reason=choice.reason)
+        return choice
+
+    def plan(self, req: RouteRequest, excluded: set[str]) -> Plan:
+        if not self.cfg.pd:
+            return Plan(self._choose("plain", req, excluded).worker)
+        d = self._choose("decode", req, excluded)
+        # Conditional disaggregation (vLLM only: an SGLang decode server cannot prefill alone)
+        if self.cfg.disagg_threshold > 0 and self.cfg.engine == "vllm":
+            uncached = req.prompt_tokens - d.cached_tokens
+            if uncached < self.cfg.disagg_threshold:
+                rmetrics.LOCAL_PREFILL.inc()
+                return Plan(d.worker)
+        return Plan(d.worker, self._choose("prefill", req, excluded).worker)
+
+    # --- the request ----------------------------------------------------------------------
+    async def serve(self, request: web.Request, body: dict, req: RouteRequest, path: str) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        budget = self.cfg.request_timeout_s
+        asked = request.headers.get("X-Request-Timeout")
+        if asked:
+            try:
+                budget = min(budget, float(asked))
+            except ValueError:
+                return json_error(400, f"X-Request-Timeout {asked!r} is not a number of seconds")
+        deadline = loop.time() + budget
+        if self.cfg.tokenize_via_worker and req.token_ids is None and \
+                any(p.needs_tokens for p in self.policies.values()):
+            await self._tokenize(body, req)
+        excluded: set[str] = set()
+        last: Retryable | None = None
+        for attempt in range(self.cfg.retries + 1):
+            try:
+                plan = self.plan(req, excluded)
+            except NoWorker:
+                break
+            try:
+                return await self._attempt(request, body, req, path, plan, deadline)
+            except Retryable as e:
+                last = e
+                excluded.update(w.url for w in e.suspects)
+                rmetrics.RETRIES.labels(e.worker.role).inc()
+                log.warning("request %s attempt %d failed: %s", req.request_id, attempt + 1, e)
+            if loop.time() >= deadline:
+                return json_error(504, f"request deadline passed; last error: {last}", "timeout")
+        if last is not None:
+            return json_error(502, f"no worker could serve the request: {last}", "upstream_error")
+        return json_error(503, "no healthy worker for this request; retry later", "unavailable",
+                          **{"Retry-After": str(self.cfg.retry_after_s)})
+
+    async def _attempt(self, request, body, req, path, plan: Plan, deadline: float) -> web.StreamResponse:
+        workers = [w for w in (plan.prefill, plan.main) if w is not None]
+        judged: set[str] = set()
+        for w in workers:
+            w.inflight += 1
+            w.breaker.started()
+            self.policies[w.role].on_start(w, req)
+            rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)
+        ok = False
+        try:
+            if not self.cfg.pd:
+                resp = await self._single(request, plan.main, path, pd_body(self.cfg.engine, body, req), req,
+                                          deadline, judged)
+            elif self.cfg.engine == "vllm":
+                resp = await self._vllm(request, plan, path, body, req, deadline, judged)
+            else:
+                resp = await self._sglang(request, plan, path, body, req, deadline, judged)
+            ok = True
+            return resp
+        except Retryable as e:
+            e.worker.breaker.record(False)
+            e.worker.last_error = e.reason
+            judged.add(e.worker.url)
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            rmetrics.CLIENT_CANCELLED.inc()
+            raise
+        finally:
+            for w in workers:
+                w.inflight -= 1
+                if w.url not in judged:
+                    w.breaker.release()
+                self.policies[w.role].on_finish(w, req, ok)
+                rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)
+
+    def _headers(self, rid: str) -> dict[str, str]:
+        h = {"X-Request-Id": rid}
+        if self.cfg.worker_api_key:
+            h["Authorization"] = f"Bearer {self.cfg.worker_api_key}"
+        return h
+
+    def _first_timeout(self, stream: bool, deadline: float) -> float:
+        left = max(0.0, deadline - asyncio.get_running_loop().time())
+        # A non-streamed answer only starts when generation ends: only the deadline bounds it.
+        return min(self.cfg.first_token_timeout_s, left) if stream else left
+
+    async def _single(self, request, w: Worker, path: str, body: dict, req: RouteRequest, deadline: float,
+                      judged: set[str], rid: str | None = None, watch: asyncio.Task | None = None):
+        """Send to one worker and answer the client from it (plain, decode, decode-alone)."""
+        rid = rid or req.request_id
+        stream = bool(body.get("stream"))
+        opening = asyncio.ensure_future(open_stream(self.session, w, path, body, self._headers(rid),
+                                                    self._first_timeout(stream, deadline)))
+        try:
+            if watch is not None:  # SGLang: a failing prefill fails the pair before decode's first token
+                await asyncio.wait({opening, watch}, return_when=asyncio.FIRST_COMPLETED)
+                if not opening.done() and watch.done() and watch.exception() is not None:
+                    opening.cancel()
+                    raise watch.exception()
+            opened = await opening
+        finally:
+            if not opening.done():
+                opening.cancel()
+        w.breaker.record(True)
+        judged.add(w.url)
+        if opened.resp.status >= 400 or not stream:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            data = await read_all(opened, left)
+            return passthrough(opened.resp.status, data, opened.resp.content_type, req.request_id)
+        return await relay(request, opened, self.cfg.first_token_timeout_s, deadline, req.request_id)
+
+    async def _vllm(self, request, plan: Plan, path, body, req: RouteRequest, deadline, judged):
+        hints = req.extra.get("hints", {})
+        if plan.prefill is None:
+            return await self._single(request, plan.main, path, pd.vllm_plain_body(body, hints), req, deadline,
+                                      judged)
+        p = plan.prefill
+        rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"  # one id per attempt, same on both sides
+        status, data = await post_json(self.session, p, path, pd.vllm_prefill_body(body, hints),
+                                       self._headers(rid), self._first_timeout(True, deadline))
+        p.breaker.record(True)
+        judged.add(p.url)
+        if status >= 400:  # the client's fault (RETRY_STATUSES were raised as Retryable)
+            return passthrough(status, data, "application/json", req.request_id)
+        try:
+            params = _json(data).get("kv_transfer_params")
+        except ValueError:
+            raise Retryable(p, "prefill answered with invalid JSON") from None
+        if not params:
+            rmetrics.MISSING_PARAMS.labels(p.url).inc()
+            if p.url not in self._warned_no_params:
+                self._warned_no_params.add(p.url)
+                log.warning("prefill worker %s returned no kv_transfer_params: is it started with a KV "
+                            "connector (--kv-transfer-config)? Decode will recompute the prompt.", p.url)
+        return await self._single(request, plan.main, path, pd.vllm_decode_body(body, params, hints), req,
+                                  deadline, judged, rid=rid)
+
+    async def _sglang(self, request, plan: Plan, path, body, req: RouteRequest, deadline, judged):
+        hints = req.extra.get("hints", {})
+        p = plan.prefill
+        if p is None:
+            return await self._single(request, plan.main, path, pd.sglang_plain_body(body, hints), req,
+                                      deadline, judged)
+        n = batch_size(body)
+        pbody = pd.sglang_pd_body(body, p.host, p.bootstrap_port, pd.new_room(n), n, hints)
+        left = max(0.0, deadline - asyncio.get_running_loop().time())
+        prefill = asyncio.ensure_future(post_json(self.session, p, path, pbody, self._headers(req.request_id),
+                                                  left))
+        try:
+            try:
+                resp = await self._single(request, plan.main, path, pbody, req, deadline, judged, watch=prefill)
+            except Retryable as e:
+                if e.worker is plan.main and not prefill.done():
+                    e.suspects.append(p)  # decode waits on prefill's KV: the silent one may be either
+                raise
+            if prefill.done() and prefill.exception() is None:
+                p.breaker.record(prefill.result()[0] < 500)
+                judged.add(p.url)
+            return resp
+        finally:
+            if not prefill.done():  # decode finished or failed, or the client left: stop prefill too
+                prefill.cancel()
+            await asyncio.gather(prefill, return_exceptions=True)
+
+    async def _tokenize(self, body: dict, req: RouteRequest) -> None:
+        """Token ids for kv_events routing, from a worker's POST /tokenize (vLLM's own tokenizer
+        and chat template). Best effort: on any failure the policy routes without them."""
+        role = "decode" if self.cfg.pd else "plain"
+        cands = self.pool.candidates(role, model=req.model)
+        if not cands:
+            return
+        w = min(cands, key=lambda x: x.load)
+        ask = {"model": body.get("model")}
+        if "messages" in body:
+            ask["messages"] = body["messages"]
+        elif req.text:
+            ask["prompt"] = req.text
+        else:
+            return
+        try:
+            status, data = await post_json(self.session, w, "/tokenize", ask, {}, 2.0)
+            if status == 200:
+                tokens = _json(data).get("tokens")
+                if isinstance(tokens, list):
+                    req.token_ids = tokens
+        except (Retryable, ValueError) as e:
+            log.debug("tokenize via %s failed: %s", w.url, e)
+
+
+def _json(data: bytes) -> dict:
+    import json
+
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def pd_body(engine: str, body: dict, req: RouteRequest) -> dict:
+    hints = req.extra.get("hints", {})
+    return pd.vllm_plain_body(body, hints) if engine == "vllm" else pd.sglang_plain_body(body, hints)

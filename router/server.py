@@ -1,0 +1,199 @@
+"""The router's HTTP server: OpenAI-compatible client routes, /health, /metrics, admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from pdsdk.router import admin, health, rmetrics
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.orchestrator import Orchestrator, json_error
+from pdsdk.router.policy import Policy, build_policy
+from pdsdk.router.requests import BadRequest, parse_body, route_request
+from pdsdk.router.workers import CircuitBreaker, Worker, WorkerPool, parse_worker_arg
+
+log = logging.getLogger(__name__)
+ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.pool = WorkerPool()
+        roles = ("prefill", "decode") if cfg.pd else ("plain",)
+        self.policies: dict[str, Policy] = {
+            r: build_policy(cfg.policy_for(r), cfg.policy_options.get(cfg.policy_for(r))) for r in roles}
+        self.pool.listeners.append(self._on_pool_change)
+        self.session: aiohttp.ClientSession | None = None
+        self.orchestrator: Orchestrator | None = None
+        self._tasks: set[asyncio.Task] = set()
+        if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
+            log.warning("--disagg-threshold is ignored with SGLang: its decode servers cannot prefill alone")
+
+    # --- workers --------------------------------------------------------------------------
+    def static_workers(self) -> list[Worker]:
+        specs = [(u, "plain") for u in self.cfg.workers] + [(u, "prefill") for u in self.cfg.prefill] + \
+                [(u, "decode") for u in self.cfg.decode]
+        out = []
+        for spec, role in specs:
+            w = parse_worker_arg(spec, role)
+            w.kv_events, w.kv_replay = self.cfg.kv_events.get(w.url), self.cfg.kv_replay.get(w.url)
+            out.append(w)
+        return out
+
+    def add_worker(self, w: Worker) -> Worker:
+        w.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown_s)
+        return self.pool.add(w)
+
+    def _on_pool_change(self, event: str, w: Worker) -> None:
+        policy = self.policies.get(w.role)
+        if policy is None:
+            return
+        if event == "add":
+            policy.add_worker(w)
+            log.info("worker %s joined as %s (%s)", w.url, w.role, w.source)
+            if self.session is not None:  # check it now rather than at the next round
+                self.spawn(health.check(self.session, w, self.cfg.health_timeout_s))
+        else:
+            policy.remove_worker(w)
+            rmetrics.forget_worker(w.url, w.role)
+            log.info("worker %s (%s) left", w.url, w.role)
+
+    def spawn(self, coro) -> asyncio.Task:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # --- app ------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app.router.add_post("/v1/completions", self.handle_generate)
+        app.router.add_post("/v1/chat/completions", self.handle_generate)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.add_routes(admin.routes(self))
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s))
+        self.orchestrator = Orchestrator(self.cfg, self.pool, self.policies, self.session)
+        for w in self.static_workers():
+            self.add_worker(w)
+        await health.check_all(self.session, self.pool, self.cfg.health_timeout_s)
+        self.spawn(health.loop(self.session, self.pool, self.cfg.health_interval_s, self.cfg.health_timeout_s))
+        if self.cfg.etcd:
+            from pdsdk.router.etcd import watch_workers
+
+            self.spawn(watch_workers(self, self.cfg.etcd, self.cfg.etcd_prefix))
+
+    async def _cleanup(self, app) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for p in self.policies.values():
+            p.close()
+        if self.session is not None:
+            await self.session.close()
+
+    # --- handlers -------------------------------------------------------------------------
+    def _client_denied(self, request: web.Request) -> web.Response | None:
+        if self.cfg.api_key and not admin.key_matches(request, self.cfg.api_key):
+            return json_error(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error")
+        return None
+
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()
+        route = ROUTES[request.path]
+        denied = self._client_denied(request)
+        if denied:
+            rmetrics.REQUESTS.labels(route, "401").inc()
+            return denied
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            rmetrics.REQUESTS.labels(route, "413").inc()
+            return json_error(413, f"body larger than the limit of {self.cfg.max_body_bytes} bytes")
+        try:
+            body = parse_body(raw, route)
+            req = route_request(body, request.headers, route)
+        except BadRequest as e:
+            rmetrics.REQUESTS.labels(route, "400").inc()
+            return json_error(400, str(e))
+        known = self.cfg.models or self.pool.models()
+        if req.model is not None and known and req.model not in known:
+            rmetrics.REQUESTS.labels(route, "404").inc()
+            return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
+                              "not_found_error")
+        resp = await self.orchestrator.serve(request, body, req, request.path)
+        rmetrics.REQUESTS.labels(route, str(resp.status)).inc()
+        rmetrics.DURATION.observe(time.perf_counter() - start)
+        return resp
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        denied = self._client_denied(request)
+        if denied:
+            return denied
+        names = self.cfg.models or self.pool.models()
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "pdsdk"} for m in names]})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        roles = ("prefill", "decode") if self.cfg.pd else ("plain",)
+        usable = {r: len(self.pool.candidates(r)) for r in roles}
+        ok = all(usable.values()) or (self.cfg.pd and usable.get("decode") and self.cfg.disagg_threshold > 0
+                                      and self.cfg.engine == "vllm")
+        return web.json_response({"status": "ok" if ok else "unavailable", "usable_workers": usable},
+                                 status=200 if ok else 503)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        for p in self.policies.values():
+            st = p.stats()
+            for src, n in st.get("blocks", {}).items():
+                rmetrics.KV_BLOCKS.labels(src).set(n)
+            for src, s in st.get("streams", {}).items():
+                for k in ("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"):
+                    rmetrics.KV_EVENTS.labels(src, k).set(s.get(k, 0))
+        for w in self.pool.workers.values():
+            rmetrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
+        resp = web.Response(body=generate_latest(REGISTRY))
+        resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        return resp
+
+
+async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
+    """Start a router on cfg.host:cfg.port (port 0: any free port); returns the bound port."""
+    router = Router(cfg)
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
+    await site.start()
+    port = runner.addresses[0][1]
+    return router, runner, port
+
+
+def run(cfg: RouterConfig) -> None:
+    async def main() -> None:
+        router, runner, port = await start(cfg)
+        print(f"pdsdk router on http://{cfg.host}:{port} ({'PD' if cfg.pd else 'plain'}, {cfg.engine}, "
+              f"policies {', '.join(f'{r}={p.name}' for r, p in router.policies.items())})", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,152 @@
+"""Workers and the pool: health, draining, circuit breakers and in-flight counts.
+
+The pool decides which workers are candidates; policies only rank candidates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from pdsdk.errors import ConfigError
+
+ROLES = ("plain", "prefill", "decode")
+
+
+class CircuitBreaker:
+    """closed -> (threshold consecutive failures) -> open for cooldown -> half-open: one trial
+    request; its success closes the breaker, its failure reopens it with a doubled cooldown."""
+
+    def __init__(self, threshold: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 60.0):
+        self.threshold, self.base_cooldown, self.max_cooldown = threshold, cooldown_s, max_cooldown_s
+        self.failures, self.cooldown, self.opened_at = 0, cooldown_s, 0.0
+        self.state = "closed"
+        self._trial = False
+
+    def allows(self, now: float | None = None) -> bool:
+        if self.state == "closed":
+            return True
+        now = time.monotonic() if now is None else now
+        if self.state == "open" and now - self.opened_at >= self.cooldown:
+            self.state, self._trial = "half-open", False
+        return self.state == "half-open" and not self._trial
+
+    def started(self) -> None:
+        if self.state == "half-open":
+            self._trial = True
+
+    def release(self) -> None:
+        """The trial request ended without a verdict on this worker (its partner failed)."""
+        if self.state == "half-open":
+            self._trial = False
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.failures, self.state, self.cooldown = 0, "closed", self.base_cooldown
+            return
+        self.failures += 1
+        if self.state == "half-open":
+            self.cooldown = min(self.cooldown * 2, self.max_cooldown)
+            self.state, self.opened_at = "open", time.monotonic()
+        elif self.state == "closed" and self.failures >= self.threshold:
+            self.state, self.opened_at = "open", time.monotonic()
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    role: str = "plain"
+    bootstrap_port: int | None = None  # SGLang prefill: its --disaggregation-bootstrap-port
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    source: str = "static"  # static | admin | etcd
+    healthy: bool = True
+    draining: bool = False
+    models: list[str] = field(default_factory=list)
+    inflight: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    last_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError("worker", f"{self.url!r} is not an http(s) URL like http://10.0.0.5:8000")
+        if self.role not in ROLES:
+            raise ConfigError("worker", f"role {self.role!r} is not one of {', '.join(ROLES)}")
+
+    @property
+    def load(self) -> int:
+        return self.inflight
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    def usable(self) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows()
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port,
+                "kv_events": self.kv_events, "kv_replay": self.kv_replay, "source": self.source,
+                "healthy": self.healthy, "draining": self.draining, "models": self.models,
+                "in_flight": self.inflight, "breaker": self.breaker.state, "last_error": self.last_error}
+
+
+def parse_worker_arg(value: str, role: str) -> Worker:
+    """CLI form: URL, plus for SGLang prefill an optional bootstrap port after a space or
+    comma ("http://p:30000 8998", the sglang router's form; "none" means the engine default)."""
+    parts = value.replace(",", " ").split()
+    if not parts:
+        raise ConfigError(role, "empty worker URL")
+    port = None
+    if len(parts) > 1 and parts[1].lower() != "none":
+        try:
+            port = int(parts[1])
+        except ValueError:
+            raise ConfigError(role, f"bootstrap port {parts[1]!r} is not a number") from None
+    return Worker(parts[0], role=role, bootstrap_port=port)
+
+
+class WorkerPool:
+    """All workers by URL. `listeners` hear (event, worker) with event "add" or "remove"."""
+
+    def __init__(self) -> None:
+        self.workers: dict[str, Worker] = {}
+        self.listeners: list[Callable[[str, Worker], None]] = []
+
+    def add(self, worker: Worker) -> Worker:
+        old = self.workers.get(worker.url)
+        if old is not None:
+            if (old.role, old.bootstrap_port, old.kv_events) == (worker.role, worker.bootstrap_port,
+                                                                   worker.kv_events):
+                old.draining = False
+                return old
+            self.remove(old.url)
+        self.workers[worker.url] = worker
+        for fn in self.listeners:
+            fn("add", worker)
+        return worker
+
+    def remove(self, url: str) -> Worker | None:
+        worker = self.workers.pop(url.rstrip("/"), None)
+        if worker is not None:
+            for fn in self.listeners:
+                fn("remove", worker)
+        return worker
+
+    def get(self, url: str) -> Worker | None:
+        return self.workers.get(url.rstrip("/"))
+
+    def candidates(self, role: str, exclude: set[str] = frozenset(), model: str | None = None) -> list[Worker]:
+        return [w for w in self.workers.values()
+                if w.role == role and w.url not in exclude and w.usable()
+                and (model is None or not w.models or model in w.models)]
+
+    def by_role(self, role: str) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def models(self) -> list[str]:
+        return sorted({m for w in self.workers.values() for m in w.models})
