@@ -80,7 +80,7 @@ class FakeWorker:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
-        self.requests.append({"path": request.path, "body": body, "headers": dict(request.headers)})
+        self.requests.append({"path": request.path, "body": body, "headers": {k.lower(): v for k, v in request.headers.items()}})
         try:
             return await self._generate(request, body, rid)
         except asyncio.CancelledError:
