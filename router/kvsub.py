@@ -41,7 +41,7 @@ class EventStream(threading.Thread):
         self._publisher: bytes | None = None
         self.state = "starting"
         self.counts = dict.fromkeys(("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"), 0)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.ready = threading.Event()  # set once connected and the initial replay is done
 
     # --- thread ---------------------------------------------------------------------------
@@ -63,7 +63,7 @@ class EventStream(threading.Thread):
         self._resync(first=True)
         self.ready.set()
         try:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 ready = dict(poller.poll(100))
                 if monitor in ready:
                     ev = recv_monitor_message(monitor)
@@ -86,7 +86,7 @@ class EventStream(threading.Thread):
             sub.close(0)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     # --- messages -------------------------------------------------------------------------
     def _on_message(self, frames: list[bytes]) -> None:

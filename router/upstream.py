@@ -119,7 +119,15 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
             try:
                 async with atimeout(min(gap_timeout, left)):
                     chunk = await up.content.readany()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except asyncio.TimeoutError:
+                if left <= gap_timeout:  # our deadline, not the worker's silence
+                    await out.write(sse_error("request deadline passed", 504))
+                    break
+                opened.worker.breaker.record(False)
+                opened.worker.last_error = "silent mid-stream"
+                await out.write(sse_error("worker failed mid-stream: silent too long"))
+                break
+            except (aiohttp.ClientError, OSError) as e:
                 opened.worker.breaker.record(False)
                 opened.worker.last_error = _reason(e)
                 log.warning("stream from %s broke: %s", opened.worker.url, _reason(e))

@@ -1,0 +1,232 @@
+"""KV events: real msgpack bytes in the engines' wire formats, the exact index, and the ZMQ stream
+(replay on start and on gaps, lossy fallback, engine restart, AllBlocksCleared)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from pdsdk.router import fake_events as fe
+from pdsdk.router.harness import Harness, free_port
+from pdsdk.router.kvindex import KVIndex
+from pdsdk.router.kvsub import EventStream
+from pdsdk.router.kvwire import Cleared, Removed, Stored, WireError, decode_batch, parse_seq
+
+FORMATS = list(fe.FORMATS)
+BS = 4
+
+
+def blocks(tokens, salt=0):
+    return fe.chain(tokens, BS, salt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_wire_formats_decode(fmt):
+    toks = list(range(8))
+    h = blocks(toks)
+    payload = fe.encode_batch(fmt, [fe.stored(fmt, h, None, toks, BS), fe.removed(fmt, h[1:]), fe.cleared(fmt)])
+    raw = msgspec.msgpack.decode(payload)
+    assert isinstance(raw, list) and len(raw) == 3  # [ts, events, data_parallel_rank]
+    ev0 = raw[1][0]
+    if fmt.endswith("array"):
+        assert ev0[0] == "BlockStored" and ev0[1] == h
+    else:
+        assert ev0["type"] == "BlockStored"
+        if fmt == "sglang":
+            assert "medium" not in ev0 and "lora_id" not in ev0  # None-valued optionals omitted
+    _, events, rank = decode_batch(payload)
+    assert rank == 0
+    assert isinstance(events[0], Stored) and events[0].block_hashes == h and events[0].token_ids == toks
+    assert events[0].parent is None and events[0].block_size == BS
+    assert isinstance(events[1], Removed) and events[1].block_hashes == h[1:]
+    assert isinstance(events[2], Cleared)
+
+
+def test_wire_odd_inputs():
+    assert parse_seq((5).to_bytes(8, "big")) == (5, None)
+    assert parse_seq((-1).to_bytes(8, "big", signed=True))[0] == -1
+    assert parse_seq((7).to_bytes(8, "big") + b"p" * 16) == (7, b"p" * 16)  # seq + publisher id
+    with pytest.raises(WireError):
+        parse_seq(b"123")
+    with pytest.raises(WireError):
+        decode_batch(b"\xc1")
+    # unknown event types and bytes hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) pass through
+    payload = msgspec.msgpack.encode([0.0, [{"type": "Future"}, {"type": "BlockStored", "block_hashes": [b"x" * 32],
+                                                                 "parent_block_hash": None, "token_ids": [1] * BS,
+                                                                 "block_size": BS}]])
+    _, events, rank = decode_batch(payload)
+    assert rank is None and len(events) == 1 and events[0].block_hashes == [b"x" * 32]
+
+
+def _apply(index, src, fmt, *events):
+    return index.apply(src, decode_batch(fe.encode_batch(fmt, list(events)))[1])
+
+
+def test_index_store_lookup_remove_clear():
+    fmt = "vllm"
+    idx = KVIndex()
+    toks = list(range(16))
+    h = blocks(toks)
+    _apply(idx, "a", fmt, fe.stored(fmt, h[:2], None, toks[:8], BS))
+    _apply(idx, "a", fmt, fe.stored(fmt, h[2:], h[1], toks[8:], BS))  # continues from its parent
+    _apply(idx, "b", fmt, fe.stored(fmt, h[:1], None, toks[:4], BS))
+    assert idx.lookup(toks + [99]) == {"a": 16, "b": 4}
+    assert idx.lookup([5] + toks) == {}
+    _apply(idx, "b", fmt, fe.removed(fmt, h[:1]))  # b's removal leaves a's copy alone
+    assert idx.lookup(toks) == {"a": 16}
+    _apply(idx, "a", fmt, fe.removed(fmt, h[2:3]))
+    assert idx.lookup(toks) == {"a": 8}
+    _apply(idx, "a", fmt, fe.cleared(fmt))
+    assert idx.lookup(toks) == {} and idx.sources()["a"] == 0
+
+
+def test_index_never_claims_what_it_cannot_key():
+    fmt = "sglang"
+    idx = KVIndex()
+    toks = list(range(8))
+    h = blocks(toks)
+    _apply(idx, "a", fmt, fe.stored(fmt, h[1:], h[0], toks[4:], BS))  # parent never seen: orphan
+    _apply(idx, "a", fmt, fe.stored(fmt, h[:1], None, toks[:4], BS, medium="CPU_PINNED"))  # other tier
+    assert idx.lookup(toks) == {} and idx.counts["orphans"] == 1 and idx.counts["ignored"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["vllm-array", "sglang"])
+def test_same_content_same_key_across_engines(fmt):
+    """The index keys by content: two engines with different hash functions match the same prompt."""
+    idx = KVIndex()
+    toks = list(range(12))
+    _apply(idx, "x", fmt, fe.stored(fmt, blocks(toks, salt=1), None, toks, BS))
+    _apply(idx, "y", fmt, fe.stored(fmt, blocks(toks, salt=2), None, toks, BS))
+    assert idx.lookup(toks) == {"x": 12, "y": 12}
+
+
+# --- the ZMQ stream -------------------------------------------------------------------------
+
+def _endpoints():
+    return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+
+
+def _wait(check, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def _publish(pub, fmt, tokens, salt=0):
+    h = blocks(tokens, salt)
+    return pub.publish(fe.encode_batch(fmt, [fe.stored(fmt, h, None, tokens, BS)]))
+
+
+@pytest.fixture
+def stream_env():
+    made = []
+
+    def make(fmt="vllm", replay=True, ep=None):
+        ep = ep or _endpoints()
+        pub = fe.Publisher(ep[0], ep[1] if replay else None)
+        made.append(pub)
+        return pub, ep
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_stream_replays_history_on_start_and_fills_gaps(stream_env):
+    pub, ep = stream_env()
+    _publish(pub, "vllm", list(range(100, 108)))  # before the router connects
+    idx = KVIndex()
+    s = EventStream("w", ep[0], idx, ep[1])
+    s.start()
+    try:
+        assert s.ready.wait(5) and idx.lookup(list(range(100, 108))) == {"w": 8}
+        pub.drop_next(2)  # lost on the way: the next message reveals the gap
+        for i in range(3):
+            _publish(pub, "vllm", list(range(i * 8, i * 8 + 8)))
+        assert _wait(lambda: all(idx.lookup(list(range(i * 8, i * 8 + 8))) == {"w": 8} for i in range(3)))
+        assert s.counts["gaps"] >= 1 and s.state == "exact" and s.last == 3
+    finally:
+        s.stop()
+        s.join(2)
+
+
+def test_stream_without_replay_goes_lossy_on_a_gap(stream_env):
+    pub, ep = stream_env(replay=False)
+    idx = KVIndex()
+    s = EventStream("w", ep[0], idx, None)
+    s.start()
+    try:
+        s.ready.wait(5)
+        old = list(range(8))
+        while idx.lookup(old) != {"w": 8}:  # until the subscription is live (ZMQ slow joiner)
+            _publish(pub, "vllm", old)
+            time.sleep(0.02)
+        pub.drop_next(1)  # maybe a removal of `old` was in there: the index must forget
+        _publish(pub, "vllm", [1] * 8)
+        _publish(pub, "vllm", [2] * 8)
+        assert _wait(lambda: s.state == "lossy")
+        assert idx.lookup(old) == {} and _wait(lambda: idx.lookup([2] * 8) == {"w": 8})
+    finally:
+        s.stop()
+        s.join(2)
+
+
+def test_engine_restart_resyncs(stream_env):
+    pub, ep = stream_env()
+    idx = KVIndex()
+    s = EventStream("w", ep[0], idx, ep[1])
+    s.start()
+    try:
+        s.ready.wait(5)
+        for i in range(5):
+            _publish(pub, "vllm", [i] * 8)
+        assert _wait(lambda: idx.lookup([4] * 8) == {"w": 8})
+        pub.close()  # the engine dies; a new one starts on the same ports with an empty cache
+        time.sleep(0.1)
+        pub2, _ = stream_env(ep=ep)
+        _publish(pub2, "vllm", [9] * 8)
+        _publish(pub2, "vllm", [8] * 8)
+        assert _wait(lambda: idx.lookup([8] * 8) == {"w": 8} and idx.lookup([9] * 8) == {"w": 8}, 10)
+        assert all(idx.lookup([i] * 8) == {} for i in range(5))
+        assert s.counts["restarts"] >= 1
+        pub2.publish(fe.encode_batch("vllm", [fe.cleared("vllm")]))
+        assert _wait(lambda: idx.lookup([8] * 8) == {})
+    finally:
+        s.stop()
+        s.join(2)
+
+
+def test_kv_events_policy_routes_to_the_worker_holding_the_prefix(stream_env):
+    async def main():
+        pubs = [stream_env()[0:2] for _ in range(2)]
+        async with Harness(plain=2, policy="kv_events", tokenize="worker") as h:
+            for w, (pub, ep) in zip(h.plain, pubs):
+                rw = h.router.pool.workers[w.url]
+                h.router.pool.remove(w.url)
+                rw.kv_events, rw.kv_replay = ep
+                h.router.add_worker(rw)
+            text = "the quick brown fox jumps over the lazy dog" * 2
+            toks = [ord(c) for c in text]  # the fake worker's /tokenize
+            _publish(pubs[1][0], "vllm", toks[: len(toks) // BS * BS])
+            policy = h.router.policies["plain"]
+            for _ in range(100):
+                if policy.index.lookup(toks):
+                    break
+                await asyncio.sleep(0.02)
+            for _ in range(4):
+                status, _, _ = await h.post("/v1/completions", {"model": "fake-model", "prompt": text, "max_tokens": 2})
+                assert status == 200
+            assert len(h.plain[1].requests) == 4 and not h.plain[0].requests
+            status, stats = await h.get("/admin/policies")
+            assert stats["plain"]["policy"] == "kv_events" and stats["plain"]["index"]["stored"] > 0
+    run(main())
+
+
+def run(coro):
+    return asyncio.run(coro)
