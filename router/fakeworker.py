@@ -52,7 +52,7 @@ class FakeWorker:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> FakeWorker:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, backlog=2048)  # bench bursts: no SYN drops
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self

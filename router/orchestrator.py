@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -161,6 +162,8 @@ class Orchestrator:
                 opening.cancel()
         w.breaker.record(True)
         judged.add(w.url)
+        if "t0" in req.extra:
+            rmetrics.TTFB.observe(time.perf_counter() - req.extra["t0"])
         if opened.resp.status >= 400 or not stream:
             left = max(0.0, deadline - asyncio.get_running_loop().time())
             data = await read_all(opened, left)

@@ -131,6 +131,7 @@ class Router:
         except BadRequest as e:
             rmetrics.REQUESTS.labels(route, "400").inc()
             return json_error(400, str(e))
+        req.extra["t0"] = start
         known = self.cfg.models or self.pool.models()
         if req.model is not None and known and req.model not in known:
             rmetrics.REQUESTS.labels(route, "404").inc()
@@ -194,6 +195,12 @@ def run(cfg: RouterConfig) -> None:
             await runner.cleanup()
 
     try:
-        asyncio.run(main())
+        import uvloop  # optional: when installed, the proxy path is markedly cheaper per request
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(main())
     except KeyboardInterrupt:
         pass

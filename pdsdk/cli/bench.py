@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench")
+BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench", "pdsdk.router.bench")
 
 
 def register(sub) -> None:
