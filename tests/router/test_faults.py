@@ -48,9 +48,9 @@ def test_worker_killed_mid_stream_then_traffic_moves_on():
                     assert r.status == 200
                     async for chunk in r.content.iter_any():
                         got += chunk
-                        if got.count(b"data: ") == 2:
+                        if got.count(b"data: ") >= 2 and proc.poll() is None:  # chunks may coalesce
                             proc.kill()
-                assert b"worker failed mid-stream" in got and b"tok1" in got
+                assert b"worker failed mid-stream" in got and b"tok1" in got, got[-300:]
                 local.draining = False
                 for _ in range(3):  # the dead worker's breaker is open: no client sees it
                     status, out, _ = await h.post("/v1/completions", BODY)
