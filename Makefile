@@ -64,9 +64,9 @@ test-engine: install-vllm
 test-fast: install
 	$(PYTEST) -q -m "not slow"
 
-demo: install
-	$(BIN)/pdsdk doctor
-	$(BIN)/pdsdk plugins
+# The main job: vLLM 1P1D with NIXL through the router on this machine, a few requests, metrics, clean stop.
+demo: install-vllm
+	$(BIN)/pdsdk demo --transport nixl
 
 bench: install
 	$(BIN)/pdsdk bench transport --json bench-transport.json

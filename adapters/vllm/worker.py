@@ -8,9 +8,11 @@ has read or whose lease ran out (prefill). Failures become load errors for vLLM 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from pdsdk.plugins import registry
 log = logging.getLogger(__name__)
 READ_NOTE = b"pdsdk-read:"
 CORRUPT_ENV = "PDSDK_TEST_CORRUPT_KV"  # test-only fault hook: scribble over loaded pages
+STATS_ENV = "PDSDK_STATS_DIR"
 
 
 def block_geometry(tensor: Any, num_blocks: int) -> list[int]:
@@ -70,6 +73,8 @@ class WorkerSide:
         self._sending: dict[str, float] = {}  # request -> lease expiry
         self._read: dict[str, float] = {}  # request -> when the peer said it read it
         self._finished: set[str] = set()
+        self._stats_written = 0.0
+        self._stats_count = 0
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -171,7 +176,24 @@ class WorkerSide:
         lease = self.config.timeouts.lease_s
         self._read = {r: t for r, t in self._read.items() if now - t < 2 * lease}
         received, self._received = self._received, set()
+        self._write_stats(now)
         return done or None, received or None
+
+    def _write_stats(self, now: float) -> None:
+        """Transfer stats as JSON under $PDSDK_STATS_DIR (set by `pdsdk launch`), at most once a second:
+        the worker process has no HTTP endpoint of its own to serve them from."""
+        directory = os.environ.get(STATS_ENV)
+        if not directory or now - self._stats_written < 1.0:
+            return
+        stats = self.transport.stats()
+        if stats["transfers"] + stats["failed"] == self._stats_count:
+            return
+        self._stats_written, self._stats_count = now, stats["transfers"] + stats["failed"]
+        path = Path(directory) / f"{self.engine_id}-tp{self.tp_rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"engine_id": self.engine_id, "tp_rank": self.tp_rank, **stats}))
+        tmp.replace(path)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -1,0 +1,147 @@
+"""What `pdsdk launch` starts: one ProcessSpec per worker and one for the router.
+
+Each engine adapter builds its own workers' command lines (they know their engine's flags); this
+module only assigns ports, GPUs or CPU cores, and the router in front.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdsdk.config import load_config
+from pdsdk.errors import ConfigError
+
+ENGINES = ("vllm", "sglang")
+
+
+@dataclass
+class ProcessSpec:
+    name: str  # "prefill-0", "decode-1", "router"
+    role: str  # prefill | decode | worker | router
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the launcher's environment
+    port: int = 0
+    health_path: str = "/health"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class LaunchPlan:
+    engine: str
+    model: str
+    served_name: str
+    config: dict[str, Any]  # the pdsdk connector config every worker gets
+    workers: list[ProcessSpec]
+    router: ProcessSpec
+    host: str
+
+    @property
+    def processes(self) -> list[ProcessSpec]:
+        return [*self.workers, self.router]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.router.port}/v1"
+
+
+@dataclass
+class LaunchOptions:
+    engine: str
+    model: str
+    transport: str = "nixl"
+    store: Any = None
+    prefill: int = 1
+    decode: int = 1
+    tp: int = 1
+    gpus: list[int] | None = None
+    policy: str = "least_load"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    local_prefill_threshold: int = 0
+    served_name: str | None = None
+    engine_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_plan(opts: LaunchOptions) -> LaunchPlan:
+    """Validate the options and lay out every process; raises ConfigError naming the option."""
+    if opts.engine not in ENGINES:
+        raise ConfigError("--engine", f"unknown engine {opts.engine!r}; valid: {', '.join(ENGINES)}")
+    if opts.decode < 1 or opts.prefill < 0 or opts.tp < 1:
+        raise ConfigError("--prefill/--decode/--tp", "need --decode >= 1, --prefill >= 0 and --tp >= 1")
+    config = {"transport": opts.transport if opts.prefill else None, "failure_policy": "recompute"}
+    if opts.store:
+        config["store"] = opts.store
+    load_config(config)  # fail here, naming the field, not in every worker
+    served = opts.served_name or os.path.basename(os.path.normpath(opts.model))
+    roles = ["prefill"] * opts.prefill + (["decode"] if opts.prefill else ["worker"]) * opts.decode
+    placements = _placements(len(roles), opts.tp, opts.gpus)
+    counters: dict[str, int] = {}
+    workers = []
+    for role, placement in zip(roles, placements):
+        index = counters[role] = counters.get(role, -1) + 1
+        port = free_port()
+        cmd, env = _worker_command(opts, role, port, served, config)
+        env.update(placement)
+        workers.append(ProcessSpec(f"{role}-{index}", role, cmd, env, port))
+    router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
+    return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host)
+
+
+def _placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
+    """CUDA_VISIBLE_DEVICES per worker on GPUs; a slice of the CPU cores per worker otherwise."""
+    if gpus:
+        if len(gpus) < n * tp:
+            raise ConfigError("--gpus", f"{n} workers x TP {tp} need {n * tp} GPUs, got {len(gpus)}: {gpus}")
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus[i * tp:(i + 1) * tp]))} for i in range(n)]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cores) // n)
+    out = []
+    for i in range(n):
+        mine = cores[(i * per) % len(cores):(i * per) % len(cores) + per] or cores[:1]
+        out.append({"VLLM_CPU_OMP_THREADS_BIND": f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0]),
+                    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
+    return out
+
+
+def _worker_command(opts: LaunchOptions, role: str, port: int, served: str,
+                    config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    if opts.engine == "vllm":
+        from pdsdk.adapters.vllm.command import server_command
+
+        args = list(opts.engine_args)
+        if not opts.gpus and "--block-size" not in args:
+            args += ["--block-size", "32"]  # vLLM's CPU attention needs a multiple of 32
+        cmd = server_command(opts.model, port, host=opts.host, role=None if role == "worker" else role,
+                             pdsdk_config=config, served_name=served, tp=opts.tp, python=opts.python,
+                             extra_args=tuple(args))
+        return cmd, {}
+    from pdsdk.adapters.sglang.command import server_command as sglang_command
+
+    return sglang_command(opts.model, port, host=opts.host, role=role, pdsdk_config=config, served_name=served,
+                          tp=opts.tp, python=opts.python, extra_args=tuple(opts.engine_args))
+
+
+def _router_command(opts: LaunchOptions, workers: list[ProcessSpec]) -> list[str]:
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # a checkout in the cwd must not shadow pdsdk
+    cmd = [opts.python, *safe_path, "-m", "pdsdk", "router", "--engine", opts.engine, "--host", opts.host,
+           "--port", str(opts.port), "--policy", opts.policy]
+    for w in workers:
+        flag = {"prefill": "--prefill", "decode": "--decode", "worker": "--worker"}[w.role]
+        cmd += [flag, w.url, *([w.env["PDSDK_BOOTSTRAP_PORT"]] if "PDSDK_BOOTSTRAP_PORT" in w.env else [])]
+    if opts.local_prefill_threshold:
+        cmd += ["--disagg-threshold", str(opts.local_prefill_threshold)]
+    return cmd

@@ -1,0 +1,79 @@
+"""`pdsdk launch`: plans, --dry-run, --emit k8s (validated against the Kubernetes API schema)."""
+
+import json
+import shlex
+
+import pytest
+import yaml
+from helpers import run_cli
+
+from pdsdk import ConfigError
+from pdsdk.launch.plan import LaunchOptions, build_plan
+
+
+def test_plan_assigns_roles_ports_and_cores():
+    plan = build_plan(LaunchOptions(engine="vllm", model="/m/tiny", transport="nixl", prefill=1, decode=2))
+    assert [w.name for w in plan.workers] == ["prefill-0", "decode-0", "decode-1"]
+    assert len({w.port for w in plan.workers} | {plan.router.port}) == 4
+    assert all("VLLM_CPU_OMP_THREADS_BIND" in w.env for w in plan.workers)
+    kv = json.loads(plan.workers[0].cmd[plan.workers[0].cmd.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["transport"] == "nixl"
+    assert plan.router.cmd.count("--decode") == 2 and plan.router.cmd.count("--prefill") == 1
+
+
+def test_gpus_are_split_per_worker_by_tp():
+    plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=1, decode=1, tp=2, gpus=[0, 1, 2, 3]))
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match="--gpus.*need 4 GPUs, got 2"):
+        build_plan(LaunchOptions(engine="vllm", model="m", tp=2, gpus=[0, 1]))
+
+
+def test_bad_parts_fail_before_anything_starts():
+    with pytest.raises(ConfigError, match="unknown transport 'pigeon'"):
+        build_plan(LaunchOptions(engine="vllm", model="m", transport="pigeon"))
+    with pytest.raises(ConfigError, match="--engine"):
+        build_plan(LaunchOptions(engine="tgi", model="m"))
+
+
+def test_plain_mode_has_no_connector():
+    plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=0, decode=2))
+    assert all("--kv-transfer-config" not in w.cmd for w in plan.workers)
+    assert plan.router.cmd.count("--worker") == 2
+
+
+def test_dry_run_prints_commands_and_env_and_starts_nothing():
+    out = run_cli("launch", "--engine", "vllm", "--model", "/m/tiny", "--transport", "mooncake", "--dry-run",
+                  "--", "--max-model-len", "512")
+    assert out.returncode == 0, out.stderr
+    commands = [line for line in out.stdout.splitlines() if "python" in line]
+    assert len(commands) == 3
+    for line in commands[:2]:
+        argv = shlex.split(line)
+        assert "--max-model-len" in argv and "512" in argv
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]["transport"] \
+            == "mooncake"
+    assert "VLLM_CPU_OMP_THREADS_BIND=" in out.stdout
+
+
+def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    store = json.dumps({"tiered": ["memory", "disk"]})
+    out = run_cli("launch", "--engine", "vllm", "--model", "/models/qwen", "--transport", "nixl", "--store", store,
+                  "--prefill", "2", "--decode", "3", "--tp", "2", "--gpus", "0,1,2,3,4,5,6,7,8,9",
+                  "--emit", "k8s", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    objects = {p.name: yaml.safe_load(p.read_text()) for p in tmp_path.glob("*.yaml")}
+    for obj in objects.values():
+        kubernetes_validate.validate(obj, desired_version="1.30", strict=True)
+    config = json.loads(objects["pdsdk-config-configmap.yaml"]["data"]["pdsdk.json"])
+    assert config["transport"] == "nixl" and config["store"] == {"tiered": ["memory", "disk"]}
+    prefill = objects["pdsdk-prefill-deployment.yaml"]["spec"]
+    decode = objects["pdsdk-decode-deployment.yaml"]["spec"]
+    assert prefill["replicas"] == 2 and decode["replicas"] == 3
+    container = prefill["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    kv = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["store"] == config["store"]
+    router = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "http://pdsdk-prefill:8000" in router and "http://pdsdk-decode:8000" in router
