@@ -1,0 +1,102 @@
+"""`pdsdk launch` with real vLLM on CPU: 1P1D per transport behind the router, requests through the
+official openai client, clean shutdown with no process left; a killed worker stops the launch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from engine.conftest import MAX_TOKENS, PROMPTS
+from engine.servers import free_port
+from helpers import pdsdk_cli
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def processes_using(marker: str) -> list[int]:
+    """Live processes whose command line mentions `marker` (the test's own model folder)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def launch(model: str, transport: str, log_dir: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([pdsdk_cli(), "launch", "--engine", "vllm", "--model", model, "--transport", transport,
+                             "--served-model-name", "tiny", "--port", str(port), "--quiet", "--log-dir", str(log_dir),
+                             "--", "--max-model-len", "1024"],
+                            stdout=open(log_dir.parent / f"{log_dir.name}-launcher.log", "w"), stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def wait_for(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"launcher exited with {proc.returncode}"
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError("router not healthy")
+
+
+@pytest.mark.parametrize("transport", ["nixl", "mooncake", "nccl", "local"])
+def test_launch_serves_pd_through_the_router_and_stops_clean(transport, model, baseline, tmp_path):
+    openai = pytest.importorskip("openai")
+    proc, port = launch(model, transport, tmp_path / "logs")
+    try:
+        wait_for(port, proc)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        for prompt, expected in zip(PROMPTS[:3], baseline[:3]):
+            out = client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            assert out.choices[0].text == expected
+        stream = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
+                                           stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == baseline[1]
+        chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=8, temperature=0)
+        assert chat.choices[0].message.content is not None
+        time.sleep(1.5)
+        stats = list((tmp_path / "logs" / "stats").glob("*.json"))
+        assert stats, "the decode worker wrote no transfer stats"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code in (0, 130)
+    time.sleep(1)
+    assert processes_using(model) == [], "processes left behind after shutdown"
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", port))  # the router's port is free again
+
+
+def test_a_worker_killed_during_launch_stops_everything(model, tmp_path):
+    proc, port = launch(model, "nixl", tmp_path / "logs")
+    try:
+        deadline = time.monotonic() + 120
+        victims = []
+        while not victims and time.monotonic() < deadline:
+            victims = [p for p in processes_using(model)
+                       if b"kv_consumer" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            time.sleep(0.5)
+        assert victims, "decode worker never started"
+        os.kill(victims[0], signal.SIGKILL)
+        code = proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (tmp_path / "logs-launcher.log").read_text()
+    assert code != 0 and "decode-0 exited" in out, out[-2000:]
+    time.sleep(1)
+    assert processes_using(model) == []
