@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,6 @@ class WorkerSide:
         self._sending: dict[str, float] = {}  # request -> lease expiry
         self._read: dict[str, float] = {}  # request -> when the peer said it read it
         self._finished: set[str] = set()
-        self._stats_written = 0.0
-        self._stats_count = 0
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -97,6 +96,9 @@ class WorkerSide:
                              transfer_timeout_s=self.config.timeouts.transfer_s,
                              connect_timeout_s=self.config.timeouts.connect_s, **spec.options)
         self.transport.register([Region(t.data_ptr(), t.numel() * t.element_size(), device) for t in tensors])
+        if os.environ.get(STATS_ENV):
+            threading.Thread(target=self._write_stats_forever, args=(Path(os.environ[STATS_ENV]),),
+                             name="pdsdk-stats", daemon=True).start()
         log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
                  self.transport.path(), layout.fingerprint())
 
@@ -176,24 +178,22 @@ class WorkerSide:
         lease = self.config.timeouts.lease_s
         self._read = {r: t for r, t in self._read.items() if now - t < 2 * lease}
         received, self._received = self._received, set()
-        self._write_stats(now)
         return done or None, received or None
 
-    def _write_stats(self, now: float) -> None:
-        """Transfer stats as JSON under $PDSDK_STATS_DIR (set by `pdsdk launch`), at most once a second:
-        the worker process has no HTTP endpoint of its own to serve them from."""
-        directory = os.environ.get(STATS_ENV)
-        if not directory or now - self._stats_written < 1.0:
-            return
-        stats = self.transport.stats()
-        if stats["transfers"] + stats["failed"] == self._stats_count:
-            return
-        self._stats_written, self._stats_count = now, stats["transfers"] + stats["failed"]
-        path = Path(directory) / f"{self.engine_id}-tp{self.tp_rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"engine_id": self.engine_id, "tp_rank": self.tp_rank, **stats}))
-        tmp.replace(path)
+    def _write_stats_forever(self, directory: Path) -> None:
+        """Transfer stats as JSON under $PDSDK_STATS_DIR (set by `pdsdk launch`), once a second when they
+        change: the worker process has no endpoint of its own, and an idle engine runs no steps."""
+        path = directory / f"{self.engine_id}-tp{self.tp_rank}.json"
+        directory.mkdir(parents=True, exist_ok=True)
+        written = None
+        while self.transport is not None and not self.transport._closed:
+            stats = self.transport.stats()
+            if (stats["transfers"], stats["failed"]) != written:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"engine_id": self.engine_id, "tp_rank": self.tp_rank, **stats}))
+                tmp.replace(path)
+                written = (stats["transfers"], stats["failed"])
+            time.sleep(1.0)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
