@@ -186,7 +186,7 @@ class WorkerSide:
         path = directory / f"{self.engine_id}-tp{self.tp_rank}.json"
         directory.mkdir(parents=True, exist_ok=True)
         written = None
-        while self.transport is not None and not self.transport._closed:
+        while self.transport is not None and not self.transport.closed:
             stats = self.transport.stats()
             if (stats["transfers"], stats["failed"]) != written:
                 tmp = path.with_suffix(".tmp")

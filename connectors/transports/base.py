@@ -278,6 +278,10 @@ class Transport(ABC):
                 "gbps": round(s.bytes / s.seconds / 1e9, 3) if s.seconds else None,
                 "failures": dict(s.by_reason), "path_warning": self._path_warning, **self._extra_stats()}
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Fail what is pending, release registered memory and connections. Idempotent."""
         if self._closed:
