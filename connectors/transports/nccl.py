@@ -46,6 +46,7 @@ from pdsdk.connectors.transports.base import (
 )
 from pdsdk.connectors.transports.buffers import cuda_index, torch_view
 from pdsdk.connectors.transports.control import ControlChannel
+from pdsdk.connectors.transports.staging import pack_spans
 from pdsdk.kv import Region, check_spans
 
 log = logging.getLogger(__name__)
@@ -480,11 +481,11 @@ class NcclTransport(Transport):
         """What a send reads: the span itself if it is one run, else the spans packed into staging."""
         buf, staging = self._landing(spans)
         if staging is not None:
-            torch.cat(self._span_views(spans), out=buf)
+            pack_spans(self._views, spans, buf)
         return buf, staging
 
     def _scatter(self, spans: np.ndarray, buf: Any) -> None:
-        torch._foreach_copy_(self._span_views(spans), list(buf.split(spans[:, 2].tolist())))
+        pack_spans(self._views, spans, buf, unpack=True)
         if buf.is_cuda:
             torch.cuda.current_stream(buf.device).synchronize()  # "done" means the bytes are in place
 

@@ -116,30 +116,54 @@ def copy_pages(dst: Any, dst_idx: np.ndarray, src: Any, src_idx: np.ndarray) -> 
 
 def _move(regions: list[Region], spans: np.ndarray, staging: StagingBuffer, offset: int, into_staging: bool) -> None:
     total = int(spans[:, 2].sum())
-    buf = _view(staging.region, offset, total)
-    page = common_page(spans)
-    starts = np.concatenate(([0], np.cumsum(spans[:, 2])[:-1]))
-    for region_index in np.unique(spans[:, 0]):
-        rows = np.flatnonzero(spans[:, 0] == region_index)
-        region = regions[int(region_index)]
-        if page is not None and region.length % page == 0:
-            pages = _view(region, 0, region.length).reshape(-1, page)
-            stage = buf.reshape(-1, page)
-            region_idx = page_indices(spans[rows, 1], spans[rows, 2], page)
-            stage_idx = page_indices(starts[rows], spans[rows, 2], page)
-            if into_staging:
-                copy_pages(stage, stage_idx, pages, region_idx)
-            else:
-                copy_pages(pages, region_idx, stage, stage_idx)
-        else:
-            for r in rows:
-                a = _view(region, int(spans[r, 1]), int(spans[r, 2]))
-                b = buf[int(starts[r]):int(starts[r] + spans[r, 2])]
-                (b if into_staging else a)[:] = a if into_staging else b
+    views = {int(r): _view(regions[int(r)], 0, regions[int(r)].length) for r in np.unique(spans[:, 0])}
+    pack_spans(views, spans, _view(staging.region, offset, total), unpack=not into_staging)
     if cuda_index(staging.device) is not None:
         import torch
 
         torch.cuda.current_stream(staging.region.device).synchronize()
+
+
+def pack_spans(region_views: Any, spans: np.ndarray, flat: Any, unpack: bool = False) -> None:
+    """Copy spans, in order, into the contiguous 1-D `flat` (numpy or torch, host or GPU), or back out
+    of it (`unpack`). `region_views[i]` is a flat uint8 view of region i.
+
+    On a GPU, many equal pages take one indexed copy per region. On a host, index kernels are slower
+    than plain copies (4608 x 32 KiB: torch index 230 ms, numpy fancy index 119 ms, torch.cat of the
+    views 59 ms, memcpy of the same bytes 43 ms), so there it is one concatenation of span views."""
+    on_gpu = not isinstance(flat, np.ndarray) and flat.is_cuda
+    page = common_page(spans) if on_gpu else None
+    if page is not None and len(flat) % page == 0 and all(len(region_views[int(r)]) % page == 0
+                                                          for r in np.unique(spans[:, 0])):
+        starts = np.concatenate(([0], np.cumsum(spans[:, 2])[:-1]))
+        stage = flat.reshape(-1, page)
+        for region in np.unique(spans[:, 0]):
+            rows = np.flatnonzero(spans[:, 0] == region)
+            pages = region_views[int(region)].reshape(-1, page)
+            region_idx = page_indices(spans[rows, 1], spans[rows, 2], page)
+            stage_idx = page_indices(starts[rows], spans[rows, 2], page)
+            if unpack:
+                copy_pages(pages, region_idx, stage, stage_idx)
+            else:
+                copy_pages(stage, stage_idx, pages, region_idx)
+        return
+    views = [region_views[r][o:o + n] for r, o, n in spans.tolist()]
+    total = int(spans[:, 2].sum())
+    if isinstance(flat, np.ndarray):
+        if unpack:
+            offset = 0
+            for v in views:
+                v[:] = flat[offset:offset + len(v)]
+                offset += len(v)
+        else:
+            np.concatenate(views, out=flat[:total])
+        return
+    import torch
+
+    if unpack:
+        torch._foreach_copy_(views, list(flat[:total].split(spans[:, 2].tolist())))
+    else:
+        torch.cat(views, out=flat[:total])
 
 
 @dataclass
