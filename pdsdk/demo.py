@@ -44,7 +44,7 @@ def show_transfer_stats(directory: Path, console: Console) -> None:
     for path in sorted(Path(directory).glob("*.json")):
         s = json.loads(path.read_text())
         if not s.get("transfers") and not s.get("failed"):
-            continue
+            continue  # a prefill worker: the decode side pulls, so its counters stay at zero
         rows += 1
         table.add_row(f"{s['engine_id'][:8]} tp{s['tp_rank']}", s["transport"], s["path"], str(s["transfers"]),
                       str(s["failed"]), f"{s['bytes']:,}", f"{s['seconds'] * 1e3:.2f}", str(s.get("gbps")))

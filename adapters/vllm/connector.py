@@ -64,7 +64,10 @@ class PdsdkConnector(KVConnectorBase_V1):
         """The pull model saves nothing per layer: decode reads the pages once prefill is done."""
 
     def wait_for_save(self) -> None:
-        """Nothing is saved asynchronously yet."""
+        """Copy this step's new full blocks out for the store; the store write happens off the step."""
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        if isinstance(meta, PdsdkMetadata) and meta.save:
+            self._worker.save(meta.save)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker.get_finished(finished_req_ids)
@@ -81,7 +84,7 @@ class PdsdkConnector(KVConnectorBase_V1):
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> PdsdkMetadata:
-        return self._scheduler.build_connector_meta()
+        return self._scheduler.build_connector_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)

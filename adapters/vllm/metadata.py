@@ -23,9 +23,19 @@ class Receive:
 
 
 @dataclass
+class StorePages:
+    """Blocks to load from (or save to) the store, and vLLM's hashes of those blocks (the keys)."""
+
+    block_ids: list[int]
+    block_hashes: list[bytes]
+
+
+@dataclass
 class PdsdkMetadata(KVConnectorMetadata):
     receive: dict[str, Receive] = field(default_factory=dict)  # our request id -> what to pull
     send: dict[str, float] = field(default_factory=dict)  # request id -> lease expiry (time.time())
+    load: dict[str, StorePages] = field(default_factory=dict)  # request id -> prefix pages to load
+    save: list[StorePages] = field(default_factory=list)  # pages computed this step, to store
 
 
 @dataclass

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from pdsdk.adapters.side_channel import SideChannelServer
-from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
+from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive, StorePages
+from pdsdk.adapters.vllm.store_path import StoreIndex
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
 
@@ -35,6 +36,14 @@ class SchedulerSide:
         self.side_channel = SideChannelServer(self.host, int(kv.get_from_extra_config("side_channel_port", 0)))
         self._receive: dict[str, Receive] = {}
         self._send: dict[str, float] = {}
+        # Store path: what the workers saved, and per request what is loaded or saved so far.
+        self.store_index = StoreIndex() if config.store is not None else None
+        self._requests: dict[str, Any] = {}
+        self._blocks: dict[str, list[int]] = {}
+        self._stored: dict[str, int] = {}  # request -> full blocks already in the store
+        self._store_hits: dict[str, tuple[int, int]] = {}  # request -> (first block, blocks) to load
+        self._load: dict[str, StorePages] = {}
+        self.store_hit_blocks = 0
 
     # --- handshake -----------------------------------------------------------------------------
 
@@ -53,10 +62,27 @@ class SchedulerSide:
             count = min(remote_tokens, request.num_prompt_tokens) - num_computed_tokens
             if count > 0:
                 return count, True
+            return 0, False
+        if self.store_index is None:
+            return 0, False
+        self._requests[request.request_id] = request
+        first = num_computed_tokens // self.block_size
+        last = (request.num_prompt_tokens - 1) // self.block_size  # vLLM computes at least one token
+        hits = self.store_index.hit_prefix(list(request.block_hashes[first:last]))
+        if hits:
+            self._store_hits[request.request_id] = (first, hits)
+            return hits * self.block_size, True
         return 0, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         params = request.kv_transfer_params
+        hit = self._store_hits.pop(request.request_id, None)
+        if hit is not None and num_external_tokens > 0:
+            first, n = hit
+            local = compat.unhashed_block_ids(blocks)[:n]
+            self._load[request.request_id] = StorePages(local, list(request.block_hashes[first:first + n]))
+            self._stored[request.request_id] = first + n
+            self.store_hit_blocks += n
         if not params or not params.get("do_remote_prefill"):
             return
         if num_external_tokens > 0 and all(params.get(k) is not None for k in NEEDED):
@@ -79,6 +105,8 @@ class SchedulerSide:
     # --- prefill side --------------------------------------------------------------------------
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        for table in (self._requests, self._blocks, self._stored, self._store_hits):
+            table.pop(request.request_id, None)
         params = request.kv_transfer_params
         if not params:
             return False, None
@@ -103,10 +131,36 @@ class SchedulerSide:
 
     # --- every step ----------------------------------------------------------------------------
 
-    def build_connector_meta(self) -> PdsdkMetadata:
-        meta = PdsdkMetadata(receive=self._receive, send=self._send)
-        self._receive, self._send = {}, {}
+    def build_connector_meta(self, scheduler_output: Any) -> PdsdkMetadata:
+        meta = PdsdkMetadata(receive=self._receive, send=self._send, load=self._load,
+                             save=self._pages_to_save(scheduler_output) if self.store_index is not None else [])
+        self._receive, self._send, self._load = {}, {}, {}
         return meta
+
+    def _pages_to_save(self, out: Any) -> list[StorePages]:
+        """Full prompt blocks this step computes, not yet in the store."""
+        for new in out.scheduled_new_reqs:
+            self._blocks[new.req_id] = list(new.block_ids[0])
+        cached = out.scheduled_cached_reqs
+        for req_id, new_ids in zip(cached.req_ids, cached.new_block_ids):
+            if new_ids is not None and req_id in self._blocks:
+                self._blocks[req_id].extend(new_ids[0])
+        pages = []
+        for req_id, scheduled in out.num_scheduled_tokens.items():
+            request = self._requests.get(req_id)
+            if request is None or req_id not in self._blocks or (request.kv_transfer_params or {}).get(
+                    "remote_engine_id"):  # decode of a PD pair: the prefill engine computed these
+                continue
+            done = min((request.num_computed_tokens + scheduled) // self.block_size,
+                       request.num_prompt_tokens // self.block_size, len(request.block_hashes),
+                       len(self._blocks[req_id]))
+            start = self._stored.get(req_id, 0)
+            if done > start:
+                hashes = list(request.block_hashes[start:done])
+                pages.append(StorePages(self._blocks[req_id][start:done], hashes))
+                self.store_index.add(hashes)
+                self._stored[req_id] = done
+        return pages
 
     def shutdown(self) -> None:
         self.side_channel.close()

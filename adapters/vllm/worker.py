@@ -74,12 +74,12 @@ class WorkerSide:
         self._sending: dict[str, float] = {}  # request -> lease expiry
         self._read: dict[str, float] = {}  # request -> when the peer said it read it
         self._finished: set[str] = set()
+        self.store_io: Any = None
+        self._stopped = threading.Event()
 
     # --- start-up ------------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any], num_blocks: int) -> None:
-        if self.config.transport is None:
-            return
         tensors = list(kv_caches.values())
         self.geometry = [block_geometry(t, num_blocks) for t in tensors]
         self._views = tensors
@@ -90,15 +90,22 @@ class WorkerSide:
                           head_dim=model.get_head_size(), page_size=self.vllm_config.cache_config.block_size,
                           dtype=str(first.dtype).removeprefix("torch."), kv_split=not model.use_mla,
                           device=device, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        if os.environ.get(STATS_ENV):
+            threading.Thread(target=self._write_stats_forever, args=(Path(os.environ[STATS_ENV]),),
+                             name="pdsdk-stats", daemon=True).start()
+        if self.config.store is not None:
+            from pdsdk.adapters.vllm.store_path import StoreIO
+            from pdsdk.connectors.stores.keys import KeySpace
+
+            self.store_io = StoreIO(self.config.store, KeySpace.for_layout(model.model, layout), tensors, self.geometry)
         spec = self.config.transport
+        if spec is None:
+            return
         cls = registry().load("transport", spec.name)
         self.transport = cls(name=spec.name, layout=layout, host=compat.engine_host(),
                              transfer_timeout_s=self.config.timeouts.transfer_s,
                              connect_timeout_s=self.config.timeouts.connect_s, **spec.options)
         self.transport.register([Region(t.data_ptr(), t.numel() * t.element_size(), device) for t in tensors])
-        if os.environ.get(STATS_ENV):
-            threading.Thread(target=self._write_stats_forever, args=(Path(os.environ[STATS_ENV]),),
-                             name="pdsdk-stats", daemon=True).start()
         log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
                  self.transport.path(), layout.fingerprint())
 
@@ -110,6 +117,8 @@ class WorkerSide:
     # --- every step ----------------------------------------------------------------------------
 
     def start_load_kv(self, meta: PdsdkMetadata) -> None:
+        for request_id, pages in meta.load.items():
+            self.store_io.start_load(request_id, pages)
         self._sending.update(meta.send)
         for request_id, receive in meta.receive.items():
             self._start_receive(request_id, receive)
@@ -146,9 +155,18 @@ class WorkerSide:
         self._load_errors.update(local_block_ids)
         self._received.add(request_id)  # vLLM wants failed loads reported as finished, with the errors
 
+    def save(self, pages: list) -> None:
+        if self.store_io is not None:
+            self.store_io.save(pages)
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.store_io is not None:
+            loaded, errors = self.store_io.finished_loads()
+            self._received |= loaded
+            self._load_errors |= errors
         if self.transport is None:
-            return None, None
+            received, self._received = self._received, set()
+            return None, received or None
         for request_id, (handle, blocks) in list(self._loading.items()):
             status = self.transport.poll(handle)
             if not status.final:
@@ -181,19 +199,20 @@ class WorkerSide:
         return done or None, received or None
 
     def _write_stats_forever(self, directory: Path) -> None:
-        """Transfer stats as JSON under $PDSDK_STATS_DIR (set by `pdsdk launch`), once a second when they
-        change: the worker process has no endpoint of its own, and an idle engine runs no steps."""
+        """Transfer and store stats as JSON under $PDSDK_STATS_DIR (set by `pdsdk launch`), once a second
+        when they change: the worker process has no endpoint of its own, and an idle engine runs no steps."""
         path = directory / f"{self.engine_id}-tp{self.tp_rank}.json"
         directory.mkdir(parents=True, exist_ok=True)
         written = None
-        while self.transport is not None and not self.transport.closed:
-            stats = self.transport.stats()
-            if (stats["transfers"], stats["failed"]) != written:
+        while not self._stopped.wait(1.0 if written is not None else 0.0):
+            stats = {"engine_id": self.engine_id, "tp_rank": self.tp_rank,
+                     **(self.transport.stats() if self.transport is not None else {}),
+                     "store": self.store_io.store.stats() if self.store_io is not None else None}
+            if stats != written:
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"engine_id": self.engine_id, "tp_rank": self.tp_rank, **stats}))
+                tmp.write_text(json.dumps(stats))
                 tmp.replace(path)
-                written = (stats["transfers"], stats["failed"])
-            time.sleep(1.0)
+                written = stats
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -212,5 +231,8 @@ class WorkerSide:
         log.warning("pdsdk: %s=1: scribbled over %d loaded blocks (test-only fault hook)", CORRUPT_ENV, len(blocks))
 
     def shutdown(self) -> None:
+        self._stopped.set()
         if self.transport is not None:
             self.transport.close()
+        if self.store_io is not None:
+            self.store_io.close()

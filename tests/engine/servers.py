@@ -26,11 +26,12 @@ def free_port() -> int:
 
 class VllmServer:
     def __init__(self, name: str, model: str, log_dir: Path, *, cores: str, role: str | None = None,
-                 pdsdk_config: dict | None = None, env: dict | None = None, block_size: int = 32):
+                 pdsdk_config: dict | None = None, env: dict | None = None, block_size: int = 32,
+                 extra_args: tuple[str, ...] = ()):
         self.name, self.port = name, free_port()
         self.log_path = log_dir / f"{name}.log"
         cmd = server_command(model, self.port, role=role, pdsdk_config=pdsdk_config, served_name="tiny",
-                             block_size=block_size, max_model_len=1024)
+                             block_size=block_size, max_model_len=1024, extra_args=extra_args)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=log_dir,
                                      env={**os.environ, **cpu_env(cores), **(env or {})})
