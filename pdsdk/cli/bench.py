@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench", "pdsdk.router.bench")
+BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench", "pdsdk.router.bench",
+           "pdsdk.adapters.vllm.bench")
 
 
 def register(sub) -> None:

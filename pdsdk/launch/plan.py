@@ -88,10 +88,10 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     load_config(config)  # fail here, naming the field, not in every worker
     served = opts.served_name or os.path.basename(os.path.normpath(opts.model))
     roles = ["prefill"] * opts.prefill + (["decode"] if opts.prefill else ["worker"]) * opts.decode
-    placements = _placements(len(roles), opts.tp, opts.gpus)
+    slots = placements(len(roles), opts.tp, opts.gpus)
     counters: dict[str, int] = {}
     workers = []
-    for role, placement in zip(roles, placements):
+    for role, placement in zip(roles, slots):
         index = counters[role] = counters.get(role, -1) + 1
         port = free_port()
         cmd, env = _worker_command(opts, role, port, served, config)
@@ -101,7 +101,7 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host)
 
 
-def _placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
+def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
     """CUDA_VISIBLE_DEVICES per worker on GPUs; a slice of the CPU cores per worker otherwise."""
     if gpus:
         if len(gpus) < n * tp:
