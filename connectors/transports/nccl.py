@@ -20,11 +20,9 @@ once, nothing lands late) and later transfers with that peer fail fast.
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import os
 import queue
-import re
 import select
 import socket
 import threading
@@ -33,7 +31,6 @@ import uuid
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +43,7 @@ from pdsdk.connectors.transports.base import (
 )
 from pdsdk.connectors.transports.buffers import cuda_index, torch_view
 from pdsdk.connectors.transports.control import ControlChannel
+from pdsdk.connectors.transports.nccl_pairs import Op, Pair, Serial, StagingPool, short_reason
 from pdsdk.connectors.transports.staging import pack_spans
 from pdsdk.kv import Region, check_spans
 
@@ -63,98 +61,6 @@ def _close_all() -> None:
         transport.close()
 
 
-@dataclass(eq=False)
-class _Op:
-    """One transfer this side initiated."""
-
-    op: str
-    pair: _Pair
-    notify: bytes | None
-    tag: int = -1
-    staging: Any = None  # pooled buffer behind the contiguous tensor, returned on release
-    future: Future | None = None  # the waiter: done when our half (and any scatter) is done
-    ack: tuple[bool, str | None] | None = None  # the acceptor's word: WRITE landed, or its half failed
-    abandoned: bool = False  # released before the waiter ended: it must not scatter any more
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass(eq=False)
-class _Pair:
-    """A 2-rank group with one peer. Initiator is rank 1, acceptor (the store's host) rank 0."""
-
-    id: str
-    agent: str  # the other side
-    control: str  # its control channel
-    rank: int
-    pg: Any = None
-    ping: socket.socket | None = None  # idle connection to the peer's store, for the watchdog
-    serial: _Serial | None = None  # acceptor: posts requests in arrival order
-    tags: Any = field(default_factory=itertools.count)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    ops: dict[int, _Op] = field(default_factory=dict)  # initiator: transfers that may get an ack
-    broken: str | None = None
-
-    @property
-    def peer_rank(self) -> int:
-        return 1 - self.rank
-
-
-class _Serial:
-    """A daemon thread running calls in submission order: NCCL pairs sends with receives by order."""
-
-    def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, fn: Callable, *args: Any) -> None:
-        self._queue.put((fn, args))
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                item[0](*item[1])
-            except Exception:  # noqa: BLE001 - one bad request must not stop the pair
-                log.exception("nccl: request failed")
-
-
-def _reason(e: BaseException) -> str:
-    """One short line: gloo prefixes its source location and appends advice."""
-    text = (str(e).strip().splitlines() or [""])[0]
-    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\] ", "", text).split(". This is typically")[0]
-    return f"{type(e).__name__}: {text[:200]}"
-
-
-class _Staging:
-    """Free contiguous buffers kept for reuse: first-touching fresh memory costs more than the copy."""
-
-    def __init__(self, limit: int):
-        self._free: list[tuple[str, Any]] = []
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def get(self, nbytes: int, device: str) -> Any:
-        with self._lock:
-            fits = [i for i, (d, b) in enumerate(self._free) if d == device and b.numel() >= nbytes]
-            if fits:
-                return self._free.pop(min(fits, key=lambda i: self._free[i][1].numel()))[1]
-        return torch.empty(-(-nbytes // (1 << 20)) << 20, dtype=torch.uint8, device=device)
-
-    def put(self, buf: Any) -> None:
-        if buf is None:
-            return
-        with self._lock:
-            if sum(b.numel() for _, b in self._free) + buf.numel() <= self._limit:
-                self._free.append((str(buf.device), buf))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
 class NcclTransport(Transport):
     OPTIONS = {"staging_mb": 512}  # free staging buffers kept for reuse, in MiB
 
@@ -163,9 +69,9 @@ class NcclTransport(Transport):
         self._backend = "gloo"
         self._views: list[Any] = []  # one uint8 tensor over each registered region
         self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
-        self._pairs: dict[str, _Pair] = {}
+        self._pairs: dict[str, Pair] = {}
         self._pairs_lock = threading.Lock()
-        self._staging = _Staging(int(self.options["staging_mb"]) << 20)
+        self._staging = StagingPool(int(self.options["staging_mb"]) << 20)
         # Port 0: the OS picks; peers learn the real one from the descriptor.
         self._store = dist.TCPStore(self.host, 0, None, True, timedelta(seconds=self.connect_timeout_s),
                                     wait_for_workers=False)
@@ -208,7 +114,7 @@ class NcclTransport(Transport):
         if shared:
             raise TransportError(f"nccl: peer {d.agent} uses the same GPU as this side ({sorted(shared)[0]}); NCCL "
                                  "cannot pair two ranks on one GPU: use transport 'local' (CUDA IPC) there")
-        pair = _Pair(uuid.uuid4().hex, d.agent, d.meta["control"], rank=1)
+        pair = Pair(uuid.uuid4().hex, d.agent, d.meta["control"], rank=1)
         self._control.send(pair.control, {"op": "hello", "pair": pair.id, "agent": self.agent,
                                           "control": self._control.address, "host": self.host,
                                           "store_port": self._store.port})
@@ -219,16 +125,16 @@ class NcclTransport(Transport):
             pair.ping = self._ping((d.host, d.meta["store_port"]))
         except Exception as e:  # noqa: BLE001
             raise TransportError(f"nccl: no pair group with {d.agent} at {d.host}:{d.meta['store_port']} "
-                                 f"within {self.connect_timeout_s:g}s ({_reason(e)})") from None
+                                 f"within {self.connect_timeout_s:g}s ({short_reason(e)})") from None
         with self._pairs_lock:
             self._pairs[pair.id] = pair
         return pair
 
-    def _new_group(self, store: Any, pair: _Pair) -> Any:
+    def _new_group(self, store: Any, pair: Pair) -> Any:
         """The pair's group; gloo blocks here until both sides joined, NCCL joins at its first operation."""
         prefixed = dist.PrefixStore(f"pair/{pair.id}", store)
         if self._backend == "gloo":
-            opts = dist.ProcessGroupGloo._Options()
+            opts = dist.ProcessGroupGloo.Options()
             opts._timeout = timedelta(seconds=self.connect_timeout_s)  # bounds the join; waits have their own
             opts._threads = 1  # worker threads serve collectives only; send/recv never use them
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
@@ -240,7 +146,7 @@ class NcclTransport(Transport):
         opts._timeout = timedelta(seconds=self.transfer_timeout_s)
         return dist.ProcessGroupNCCL(prefixed, pair.rank, 2, opts)
 
-    def _break(self, pair: _Pair, reason: str | None, quiet: bool = False) -> None:
+    def _break(self, pair: Pair, reason: str | None, quiet: bool = False) -> None:
         """A failed operation may leave the peer's half posted: the pair cannot be trusted any more."""
         if pair.broken is None:
             pair.broken = reason or "failed"
@@ -254,7 +160,7 @@ class NcclTransport(Transport):
             pair.serial.close()
             pair.pg = None
 
-    def _abort(self, pair: _Pair) -> None:
+    def _abort(self, pair: Pair) -> None:
         """Fail every pending operation of the pair's group, here and at the peer (its connection closes)."""
         pg = pair.pg
         if pg is None:
@@ -297,16 +203,16 @@ class NcclTransport(Transport):
                     self._break(pair, f"peer {pair.agent} is gone (connection to its store closed)",
                                 quiet=not pair.ops)
 
-    def _check_pair(self, pair: _Pair) -> None:
+    def _check_pair(self, pair: Pair) -> None:
         if pair.broken is not None:
             raise TransportError(f"nccl: pair with {pair.agent} is broken ({pair.broken}); connect again")
 
     # --- initiator ------------------------------------------------------------------------------
 
     def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Any:
-        pair: _Pair = peer.backend
+        pair: Pair = peer.backend
         self._check_pair(pair)
-        o = _Op(op, pair, notify)
+        o = Op(op, pair, notify)
         buf, o.staging = self._gather(local) if op == "WRITE" else self._landing(local)
         request = {"op": "send" if op == "READ" else "recv", "pair": pair.id, "spans": remote.tolist()}
         if op == "WRITE" and notify is not None:
@@ -324,8 +230,8 @@ class NcclTransport(Transport):
             self._staging.put(o.staging)
             if isinstance(e, TransportError):
                 raise
-            self._break(pair, _reason(e))
-            raise TransportError(f"nccl: {_reason(e)}") from None
+            self._break(pair, short_reason(e))
+            raise TransportError(f"nccl: {short_reason(e)}") from None
         scatter = local if op == "READ" and o.staging is not None else None
         o.future = self._background(self._settle, o, work, buf, scatter)
         return o
@@ -347,14 +253,14 @@ class NcclTransport(Transport):
         thread.start()
         return future
 
-    def _settle(self, o: _Op, work: Any, buf: Any, scatter: np.ndarray | None) -> None:
+    def _settle(self, o: Op, work: Any, buf: Any, scatter: np.ndarray | None) -> None:
         work.wait(timedelta(seconds=self.transfer_timeout_s))  # raises on failure or timeout
         if scatter is not None:
             with o.lock:
                 if not o.abandoned:
                     self._scatter(scatter, buf)
 
-    def _poll(self, o: _Op) -> Status:
+    def _poll(self, o: Op) -> Status:
         pair = o.pair
         if o.ack is not None and not o.ack[0]:
             return failed(f"peer {pair.agent}: {o.ack[1]}")
@@ -366,10 +272,10 @@ class NcclTransport(Transport):
         if pair.broken:  # breaking aborts the group, failing our wait too: name the cause, not the abort
             return failed(f"pair with {pair.agent} broken: {pair.broken}")
         if o.future.done() and not ok:
-            return failed(_reason(o.future.exception()))
+            return failed(short_reason(o.future.exception()))
         return STATUS_PENDING
 
-    def _release(self, o: _Op | None, status: Status) -> None:
+    def _release(self, o: Op | None, status: Status) -> None:
         if o is None:
             return
         o.pair.ops.pop(o.tag, None)
@@ -389,8 +295,8 @@ class NcclTransport(Transport):
             self._notes.put((sender, m["msg"]))
             return
         if op == "hello":
-            pair = _Pair(m["pair"], m["agent"], m["control"], rank=0,
-                         serial=_Serial(f"pdsdk-nccl-{m['agent']}"))
+            pair = Pair(m["pair"], m["agent"], m["control"], rank=0,
+                         serial=Serial(f"pdsdk-nccl-{m['agent']}"))
             with self._pairs_lock:
                 self._pairs[pair.id] = pair
             pair.serial.submit(self._accept, pair, (m["host"], m["store_port"]))  # blocks: not on this thread
@@ -412,14 +318,14 @@ class NcclTransport(Transport):
         elif op == "bye" and pair is not None:
             self._break(pair, "peer closed the pair", quiet=True)
 
-    def _accept(self, pair: _Pair, peer_store: tuple[str, int]) -> None:
+    def _accept(self, pair: Pair, peer_store: tuple[str, int]) -> None:
         try:
             pair.pg = self._new_group(self._store, pair)
             pair.ping = self._ping(peer_store)  # so a dead initiator does not leave its pair here for good
         except Exception as e:  # noqa: BLE001
-            self._break(pair, f"{pair.agent} did not join within {self.connect_timeout_s:g}s ({_reason(e)})")
+            self._break(pair, f"{pair.agent} did not join within {self.connect_timeout_s:g}s ({short_reason(e)})")
 
-    def _serve(self, pair: _Pair, m: dict[str, Any]) -> None:
+    def _serve(self, pair: Pair, m: dict[str, Any]) -> None:
         """Post our half of one request (on the pair's serial thread); a waiter finishes it."""
         tag = m["tag"]
         staging = None
@@ -439,7 +345,7 @@ class NcclTransport(Transport):
             return
         self._background(self._complete, pair, m, work, buf, staging, spans)
 
-    def _complete(self, pair: _Pair, m: dict[str, Any], work: Any, buf: Any, staging: Any,
+    def _complete(self, pair: Pair, m: dict[str, Any], work: Any, buf: Any, staging: Any,
                   spans: np.ndarray) -> None:
         try:
             work.wait(timedelta(seconds=self.transfer_timeout_s))
@@ -454,12 +360,12 @@ class NcclTransport(Transport):
         finally:
             self._staging.put(staging)
 
-    def _fail_request(self, pair: _Pair, tag: int, e: BaseException) -> None:
-        reason = _reason(e)
+    def _fail_request(self, pair: Pair, tag: int, e: BaseException) -> None:
+        reason = short_reason(e)
         self._break(pair, reason)
         self._ack(pair, tag, False, reason)  # the initiator fails now instead of at its deadline
 
-    def _ack(self, pair: _Pair, tag: int, ok: bool, error: str | None = None) -> None:
+    def _ack(self, pair: Pair, tag: int, ok: bool, error: str | None = None) -> None:
         if not self._closed:
             self._control.send(pair.control,
                                {"op": "ack", "pair": pair.id, "tag": tag, "ok": ok, "error": error})

@@ -6,7 +6,6 @@ options for a test run get them from `options_for` (built-ins add theirs next to
 
 from __future__ import annotations
 
-import pytest
 
 from pdsdk.plugins import registry
 

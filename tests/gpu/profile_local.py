@@ -1,7 +1,6 @@
 """Profile the local transport's CUDA IPC path on one GPU (peer in another process)."""
 import cProfile
 import pstats
-import sys
 import time
 
 import numpy as np

@@ -1,0 +1,110 @@
+"""The state the `nccl` transport keeps per pair and per transfer, and its small helpers."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import re
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger("pdsdk.connectors.transports.nccl")
+
+
+@dataclass(eq=False)
+class Op:
+    """One transfer this side initiated."""
+
+    op: str
+    pair: Pair
+    notify: bytes | None
+    tag: int = -1
+    staging: Any = None  # pooled buffer behind the contiguous tensor, returned on release
+    future: Future | None = None  # the waiter: done when our half (and any scatter) is done
+    ack: tuple[bool, str | None] | None = None  # the acceptor's word: WRITE landed, or its half failed
+    abandoned: bool = False  # released before the waiter ended: it must not scatter any more
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(eq=False)
+class Pair:
+    """A 2-rank group with one peer. Initiator is rank 1, acceptor (the store's host) rank 0."""
+
+    id: str
+    agent: str  # the other side
+    control: str  # its control channel
+    rank: int
+    pg: Any = None
+    ping: socket.socket | None = None  # idle connection to the peer's store, for the watchdog
+    serial: Serial | None = None  # acceptor: posts requests in arrival order
+    tags: Any = field(default_factory=itertools.count)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ops: dict[int, Op] = field(default_factory=dict)  # initiator: transfers that may get an ack
+    broken: str | None = None
+
+    @property
+    def peer_rank(self) -> int:
+        return 1 - self.rank
+
+
+class Serial:
+    """A daemon thread running calls in submission order: NCCL pairs sends with receives by order."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._queue.put((fn, args))
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                item[0](*item[1])
+            except Exception:  # noqa: BLE001 - one bad request must not stop the pair
+                log.exception("nccl: request failed")
+
+
+def short_reason(e: BaseException) -> str:
+    """One short line: gloo prefixes its source location and appends advice."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\] ", "", text).split(". This is typically")[0]
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+class StagingPool:
+    """Free contiguous buffers kept for reuse: first-touching fresh memory costs more than the copy."""
+
+    def __init__(self, limit: int):
+        self._free: list[tuple[str, Any]] = []
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, nbytes: int, device: str) -> Any:
+        with self._lock:
+            fits = [i for i, (d, b) in enumerate(self._free) if d == device and b.numel() >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: self._free[i][1].numel()))[1]
+        return torch.empty(-(-nbytes // (1 << 20)) << 20, dtype=torch.uint8, device=device)
+
+    def put(self, buf: Any) -> None:
+        if buf is None:
+            return
+        with self._lock:
+            if sum(b.numel() for _, b in self._free) + buf.numel() <= self._limit:
+                self._free.append((str(buf.device), buf))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
