@@ -24,10 +24,12 @@ import torch
 LAYERS, HEADS, HEAD_DIM, PAGE, TOKENS = 3, 2, 32, 16, 1024  # 2 KiB K/V pages, 64 pages per buffer
 PAGES = 12  # the request's pages
 POLL_TIMEOUT_S = float(os.environ.get("PD_WORKER_TIMEOUT_S", "60"))
+_out = sys.stdout
 
 
 def emit(**event) -> None:
-    print(json.dumps(event), flush=True)
+    _out.write(json.dumps(event) + "\n")
+    _out.flush()
 
 
 def build(role: str, port: int):
@@ -187,6 +189,10 @@ def main() -> None:
     p.add_argument("--hang", action="store_true", help="prefill: stop after bootstrap, never send")
     p.add_argument("--timeout", type=float, default=POLL_TIMEOUT_S, help="decode: wait this long for the transfer")
     args = p.parse_args()
+    # Keep the protocol on a private copy of stdout: libraries (NIXL) log to stdout.
+    global _out
+    _out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     (run_prefill if args.role == "prefill" else run_decode)(args)
     os._exit(0)  # skip interpreter teardown: SGLang's and the transports' daemon threads are not ours
 

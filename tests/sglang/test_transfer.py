@@ -1,0 +1,56 @@
+"""The pdsdk transfer backend between real processes, driven through SGLang's classes the way its
+scheduler drives them: a prefill process (bootstrap server, manager, sender) and a decode process
+(manager, receiver), SGLang's own KV pool and metadata buffers on CPU, for every pdsdk transport."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from helpers import need_plugin
+
+from pdsdk.plugins import registry
+
+SUCCESS, FAILED = 4, 0  # KVPoll values
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", registry().names("transport"))
+def test_pages_arrive_intact(pd, transport):
+    need_plugin(registry().get("transport", transport))
+    port, room = free_port(), 2**62 + 12345  # rooms are random u63 from the router
+    prefill = pd("prefill", port, room, transport)
+    decode = pd("decode", port, room, transport)
+    got = decode.until("done")
+    sent = prefill.until("done")
+    assert sent["state"] == SUCCESS, sent
+    assert got["state"] == SUCCESS, got
+    assert got["digest"] == sent["digest"], "decode's pages differ from what prefill sent"
+    assert got["room_landed"] == room  # SGLang's "metadata landed" gate passes
+    assert sent["bytes"] == 12 * 6 * 2048  # 12 pages x (3 layers x K,V) x 2 KiB
+    print(f"{transport}: 12 pages in 3 chunks, prefill {sent['seconds'] * 1e3:.1f} ms via {sent['path']}")
+
+
+@pytest.mark.slow
+def test_killed_prefill_fails_the_request_with_a_reason(pd):
+    port, room = free_port(), 987654321
+    env = {"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1"}
+    prefill = pd("prefill", port, room, "local", "--hang", env=env)
+    decode = pd("decode", port, room, "local", "--timeout", "60", env=env)
+    assert prefill.until("hanging")["event"] == "hanging"
+    assert decode.until("metadata_sent")["event"] == "metadata_sent"
+    killed = time.monotonic()
+    prefill.proc.kill()
+    got = decode.until("done", timeout=90)
+    waited = time.monotonic() - killed
+    assert got["state"] == FAILED, got
+    assert "KVTransferError" in got["reason"] and "prefill" in got["reason"].lower(), got["reason"]
+    assert waited < 30, f"the failure took {waited:.0f}s to surface"
+    print(f"killed prefill -> KVPoll.Failed in {waited:.1f}s: {got['reason']}")
