@@ -134,7 +134,7 @@ class NcclTransport(Transport):
         """The pair's group; gloo blocks here until both sides joined, NCCL joins at its first operation."""
         prefixed = dist.PrefixStore(f"pair/{pair.id}", store)
         if self._backend == "gloo":
-            opts = dist.ProcessGroupGloo.Options()
+            opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timedelta(seconds=self.connect_timeout_s)  # bounds the join; waits have their own
             opts._threads = 1  # worker threads serve collectives only; send/recv never use them
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
