@@ -30,7 +30,7 @@ def write_json(path: str | None, records: list[dict[str, Any]]) -> None:
 
 
 def append_rows(doc: str | Path, section: str, rows: list[list[Any]]) -> Path:
-    """Append table rows under `## {section}` of a markdown file (the table must exist there)."""
+    """Append rows to the first table under `## {section}` of a markdown file (the table must exist)."""
     doc = Path(doc)
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     lines = text.splitlines()
@@ -38,11 +38,13 @@ def append_rows(doc: str | Path, section: str, rows: list[list[Any]]) -> Path:
         start = next(i for i, ln in enumerate(lines) if ln.strip() == f"## {section}")
     except StopIteration:
         raise ValueError(f"{doc} has no section '## {section}'; add it with its table header") from None
-    end = start + 1
-    while end < len(lines) and not lines[end].startswith("## "):
+    # The section's first table: rows go right after its last row (subsections may follow it).
+    first = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("|")), None)
+    if first is None or any(lines[i].startswith("## ") for i in range(start + 1, first)):
+        raise ValueError(f"{doc}: section '## {section}' has no table; add its header row")
+    end = first
+    while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    while end > start + 1 and not lines[end - 1].strip():
-        end -= 1  # insert right after the table's last row
     today = dt.date.today().isoformat()
     new = ["| " + " | ".join(str(c) for c in [today, machine(), *row]) + " |" for row in rows]
     lines[end:end] = new

@@ -75,3 +75,13 @@ def test_doctor_table_shows_install_hints_verbatim():
 def test_no_command_prints_help():
     out = run_cli()
     assert out.returncode == 2 and "plugins" in out.stdout
+
+
+def test_bench_rows_go_into_the_sections_first_table(tmp_path):
+    from pdsdk.benchlog import append_rows
+
+    doc = tmp_path / "b.md"
+    doc.write_text("# B\n\n## T\n\n| date | machine | x |\n|---|---|---|\n| old | m | 1 |\n\n### sub\n\n| a |\n|---|\n\n## U\n")
+    append_rows(doc, "T", [["new"]])
+    lines = doc.read_text().splitlines()
+    assert lines.index("| old | m | 1 |") + 1 == next(i for i, ln in enumerate(lines) if ln.endswith("| new |"))
