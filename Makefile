@@ -45,6 +45,19 @@ $(VENV)/.vllm: $(VENV)/.deps
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
 
+# LMCache for the `lmcache` store, in a venv of its own inside the main one, where the store's
+# worker finds it ($(VENV)/lmcache/bin/python): LMCache 0.5.6 needs CUDA-flavoured wheels,
+# transformers>=5.4 and setuptools<81 (research/anchors.md section 4). CPU torch first, kept pinned.
+LMC_VENV := $(VENV)/lmcache
+LMC_PIP   = $(LMC_VENV)/bin/pip -q --disable-pip-version-check
+LMCACHE  ?= lmcache==0.5.6
+$(VENV)/.lmcache: | $(BIN)/python
+	test -x $(LMC_VENV)/bin/python || $(PYTHON) -m venv $(LMC_VENV)
+	$(LMC_PIP) install $(TORCH)
+	echo "$(TORCH)" > $(LMC_VENV)/torch-pin.txt
+	$(LMC_PIP) install $(LMCACHE) msgspec -c $(LMC_VENV)/torch-pin.txt
+	@touch $@
+
 # SGLang for its adapter's tier, in its own venv. Only the imports SGLang's plugin, disaggregation
 # and HiCache modules need (tests/sglang/requirements-cpu.txt), then sglang with --no-deps: its
 # CUDA kernel wheels (~4 GB) cannot run on CPU (research/sglang.md section 6). The venv ignores
@@ -78,7 +91,7 @@ apt:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
 # The main suite, then the SGLang tier in its own venv.
-test: apt install-vllm install-sglang
+test: apt install-vllm install-sglang $(VENV)/.lmcache
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
 	PDSDK_TEST_INSTALLED=1 $(SGL_BIN)/pytest tests/sglang
 

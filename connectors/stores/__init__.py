@@ -12,6 +12,10 @@ BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
               "a shared redis-server; pipelined batches, misses and backoff on outages"),
     "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake",),
                  "Mooncake Store: a distributed pool with mooncake_master"),
+    # requires=(): the store also works through a worker in another venv (.venv/lmcache), so
+    # LMCache need not be importable here; the store says at construction if it is nowhere.
+    "lmcache": ("pdsdk.connectors.stores.lmcache:LMCacheStore", "lmcache", (),
+                "LMCache's storage manager, in process or in a worker from an LMCache venv"),
     "tiered": ("pdsdk.connectors.stores.tiered:TieredStore", None, (),
                "ordered stores, fastest first: reads promote, evictions demote"),
 }

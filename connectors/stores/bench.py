@@ -126,7 +126,8 @@ def _open_stores(args, tmp: Path, total: int, servers: list):
     from pdsdk.connectors.stores.factory import open_store
 
     options = {"memory": {"capacity_bytes": 2 * total + (64 << 20)},
-               "disk": {"path": str(Path(args.path) if args.path else tmp / "disk"), "capacity_bytes": 4 * total}}
+               "disk": {"path": str(Path(args.path) if args.path else tmp / "disk"), "capacity_bytes": 4 * total},
+               "lmcache": {"cpu_bytes": 2 * total + (64 << 20)}}
     if args.servers:
         from pdsdk.connectors.stores.servers import start_mooncake_master, start_redis
 

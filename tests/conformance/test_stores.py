@@ -17,7 +17,8 @@ import uuid
 import numpy as np
 import pytest
 from helpers import need_plugin
-from stores.servers import mooncake_master, mooncake_options, redis_server  # noqa: F401 - fixtures
+from stores.servers import lmcache_options, mooncake_options
+from stores.servers import mooncake_master, redis_server  # noqa: F401 - fixtures
 
 from pdsdk.connectors.stores.base import Hints
 from pdsdk.plugins import plugin_manager, registry
@@ -35,8 +36,9 @@ STORE_OPTIONS = {
     "redis": lambda tmp, fx: {"url": f"redis://127.0.0.1:{fx('redis_server').port}/0",
                               "prefix": f"t{uuid.uuid4().hex[:8]}:", "backoff_max_s": 0.5},
     "mooncake": lambda tmp, fx: mooncake_options(fx("mooncake_master")),
+    "lmcache": lambda tmp, fx: lmcache_options(tmp),
 }
-# Stores whose tests start a server: the full suite only.
+# Stores whose tests start a server or a worker process: the full suite only.
 SERVER_STORES = {"redis", "mooncake", "lmcache"}
 # Stores that evict by themselves: name -> function(tmp_path, capacity_bytes) -> options.
 BOUNDED = {
