@@ -57,7 +57,7 @@ def pd(tmp_path):
     def start(role: str, port: int, room: int, transport: str, *extra: str, env: dict | None = None) -> Side:
         side = Side(role, port, room, {"PDSDK_CONFIG": json.dumps({"transport": transport,
                                                                   "timeouts": {"transfer_s": 20}}),
-                                       "UCX_MODULES": "^ib", **(env or {})},
+                                       "UCX_MODULES": "^ib", "SGLANG_HOST_IP": "127.0.0.1", **(env or {})},
                     tmp_path / f"{role}-{len(sides)}.log", *extra)
         sides.append(side)
         return side

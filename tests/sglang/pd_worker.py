@@ -32,7 +32,7 @@ def emit(**event) -> None:
     _out.flush()
 
 
-def build(role: str, port: int):
+def build(role: str, port: int, heads: int = HEADS):
     from sglang.srt.plugins import load_plugins
 
     load_plugins()  # what launch_server and every scheduler process do first
@@ -51,7 +51,7 @@ def build(role: str, port: int):
     server = None
     if role == "prefill":
         server = get_kv_class(backend, KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=port)
-    pool = MHATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=HEADS, head_dim=HEAD_DIM,
+    pool = MHATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=heads, head_dim=HEAD_DIM,
                             layer_num=LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
     meta = MetadataBuffers(8, hidden_size=64, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=0)
     kv_args = get_kv_class(backend, KVClassType.KVARGS)()
@@ -60,7 +60,7 @@ def build(role: str, port: int):
     kv_args.prefill_start_layer, kv_args.prefill_end_layer = 0, LAYERS
     kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = pool.get_contiguous_buf_infos()
     kv_args.num_draft_entries, kv_args.kv_layer_ids = 0, list(range(LAYERS)) * 2
-    kv_args.kv_head_num, kv_args.total_kv_head_num, kv_args.page_size = HEADS, HEADS, PAGE
+    kv_args.kv_head_num, kv_args.total_kv_head_num, kv_args.page_size = heads, heads, PAGE
     kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = meta.get_buf_infos()
     kv_args.ib_device, kv_args.gpu_id = None, None
     setup_state_kv_args(kv_args, pool, None, LAYERS)
@@ -103,7 +103,7 @@ def failure_reason(poller) -> str:
 
 
 def run_prefill(args) -> None:
-    backend, server, pool, meta, kv_args, manager = build("prefill", args.bootstrap_port)
+    backend, server, pool, meta, kv_args, manager = build("prefill", args.bootstrap_port, args.heads)
     rng = np.random.default_rng(args.seed)
     for buf in (*pool.k_buffer, *pool.v_buffer):
         buf.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, tuple(buf.view(torch.uint8).shape),
@@ -127,6 +127,9 @@ def run_prefill(args) -> None:
     if args.hang:
         emit(event="hanging")
         time.sleep(3600)
+    if args.delay_send:
+        emit(event="delaying")
+        time.sleep(args.delay_send)
     sender.init(PAGES, aux_index=slot)
     start = time.perf_counter()
     for chunk in np.array_split(pages, 3):  # chunked prefill: one send per chunk, the last carries aux
@@ -146,7 +149,7 @@ def run_prefill(args) -> None:
 
 
 def run_decode(args) -> None:
-    backend, _, pool, meta, kv_args, manager = build("decode", args.bootstrap_port)
+    backend, _, pool, meta, kv_args, manager = build("decode", args.bootstrap_port, args.heads)
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
 
@@ -187,6 +190,8 @@ def main() -> None:
     p.add_argument("--room", type=int, required=True)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--hang", action="store_true", help="prefill: stop after bootstrap, never send")
+    p.add_argument("--delay-send", type=float, default=0, help="prefill: wait this long before sending")
+    p.add_argument("--heads", type=int, default=HEADS, help="KV heads (a different value on one side: mismatch)")
     p.add_argument("--timeout", type=float, default=POLL_TIMEOUT_S, help="decode: wait this long for the transfer")
     args = p.parse_args()
     # Keep the protocol on a private copy of stdout: libraries (NIXL) log to stdout.

@@ -54,3 +54,28 @@ def test_killed_prefill_fails_the_request_with_a_reason(pd):
     assert "KVTransferError" in got["reason"] and "prefill" in got["reason"].lower(), got["reason"]
     assert waited < 30, f"the failure took {waited:.0f}s to surface"
     print(f"killed prefill -> KVPoll.Failed in {waited:.1f}s: {got['reason']}")
+
+
+@pytest.mark.slow
+def test_killed_decode_fails_the_prefill_side_with_a_reason(pd):
+    port, room = free_port(), 31337  # decode dies after its request reached prefill, before the pages move
+    prefill = pd("prefill", port, room, "local", "--delay-send", "3")
+    decode = pd("decode", port, room, "local")
+    assert prefill.until("delaying")["event"] == "delaying"  # decode's request arrived; prefill sends in 3 s
+    decode.proc.kill()
+    sent = prefill.until("done", timeout=90)
+    assert sent["state"] == FAILED, sent
+    assert "pdsdk local" in sent["reason"] and "decode" in sent["reason"], sent["reason"]
+    print(f"killed decode -> prefill KVPoll.Failed: {sent['reason']}")
+
+
+@pytest.mark.slow
+def test_mismatched_kv_layout_fails_with_the_difference(pd):
+    port, room = free_port(), 4242
+    prefill = pd("prefill", port, room, "local")
+    decode = pd("decode", port, room, "local", "--heads", "4")  # prefill has 2 KV heads per page
+    got = decode.until("done")
+    sent = prefill.until("done")
+    assert got["state"] == sent["state"] == FAILED, (got, sent)
+    assert "KV page bytes per buffer differ" in got["reason"], got["reason"]
+    print(f"mismatched layout -> decode KVPoll.Failed: {got['reason']}")
