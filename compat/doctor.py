@@ -122,7 +122,19 @@ def _vllm() -> Check:
 
 
 def _sglang() -> Check:
-    return _engine("sglang", 'pip install "pdsdk[sglang]" (in its own venv: ~4.4 GB)')
+    found = _version_check("sglang", 'pip install "pdsdk[sglang]" (in its own venv: ~4.4 GB)')
+    if isinstance(found, Check):
+        return found
+    from importlib.metadata import entry_points
+
+    from pdsdk.compat.sglang import support
+
+    ok, detail = support()
+    plugin = any(ep.name == "pdsdk" for ep in entry_points(group="sglang.srt.plugins"))
+    if ok and not plugin:
+        return Check("sglang", WARN, f"{found.distribution} {detail}; but pdsdk's sglang.srt.plugins entry point is "
+                                     "not installed", "reinstall pdsdk in the SGLang environment")
+    return Check("sglang", OK if ok else WARN, f"{found.distribution} {detail}")
 
 
 def _nixl() -> Check:
