@@ -56,7 +56,10 @@ class StoreIO:
     def __init__(self, spec: Any, keyspace: KeySpace, tensors: list[Any], geometry: list[list[int]]):
         self.store = open_store(spec)
         self.keyspace = keyspace
-        self.views = [t.view(-1).view(__import__("torch").uint8) for t in tensors]
+        from pdsdk.adapters.vllm.worker import region_bytes
+        from pdsdk.connectors.transports.buffers import torch_view
+
+        self.views = [torch_view(t.data_ptr(), region_bytes(t), str(t.device)) for t in tensors]
         self.geometry = geometry
         self.page_bytes = sum(planes * block_bytes for planes, _, _, block_bytes in geometry)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pdsdk-store")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -32,17 +33,27 @@ STATS_ENV = "PDSDK_STATS_DIR"
 
 
 def block_geometry(tensor: Any, num_blocks: int) -> list[int]:
-    """[planes, plane_stride, block_stride, block_bytes] of one layer's KV cache tensor."""
-    if not tensor.is_contiguous():
-        raise ValueError(f"pdsdk: KV cache tensor of shape {tuple(tensor.shape)} is not contiguous")
+    """[planes, plane_stride, block_stride, block_bytes] of one layer's KV cache tensor, from its strides:
+    a block is every element inside the block dimension's stride (whatever order the backend keeps
+    them in); dimensions with a larger stride are planes (K and V kept apart)."""
     el = tensor.element_size()
     shape, strides = tuple(tensor.shape), tensor.stride()
-    if shape[0] == num_blocks:  # blocks first: K and V of a block are together (CPU backend, MLA)
-        return [1, 0, strides[0] * el, strides[0] * el]
-    if len(shape) > 1 and shape[0] == 2 and shape[1] == num_blocks:  # (K|V, blocks, ...): two planes
-        return [2, strides[0] * el, strides[1] * el, strides[1] * el]
-    raise ValueError(f"pdsdk: cannot find the block dimension ({num_blocks} blocks) in a KV cache tensor of "
-                     f"shape {shape}; this attention backend's layout is not supported yet")
+    dims = [d for d in range(len(shape)) if shape[d] == num_blocks]
+    if not dims:
+        raise ValueError(f"pdsdk: no dimension of {num_blocks} blocks in a KV cache tensor of shape {shape}")
+    b = dims[0]
+    outer = [d for d in range(len(shape)) if d != b and strides[d] > strides[b]]
+    inner = math.prod(shape[d] for d in range(len(shape)) if d != b and d not in outer)
+    if inner != strides[b] or len(outer) > 1 or (outer and strides[outer[0]] != num_blocks * strides[b]):
+        raise ValueError(f"pdsdk: KV cache tensor of shape {shape} and strides {strides}: blocks are not dense "
+                         "in memory; this attention backend's layout is not supported yet")
+    planes = shape[outer[0]] if outer else 1
+    return [planes, strides[outer[0]] * el if outer else 0, strides[b] * el, inner * el]
+
+
+def region_bytes(tensor: Any) -> int:
+    """Bytes of memory a (possibly permuted, but dense) KV cache tensor spans."""
+    return tensor.numel() * tensor.element_size()
 
 
 def block_spans(block_ids: list[int], geometry: list[list[int]]) -> np.ndarray:
@@ -105,7 +116,7 @@ class WorkerSide:
         self.transport = cls(name=spec.name, layout=layout, host=compat.engine_host(),
                              transfer_timeout_s=self.config.timeouts.transfer_s,
                              connect_timeout_s=self.config.timeouts.connect_s, **spec.options)
-        self.transport.register([Region(t.data_ptr(), t.numel() * t.element_size(), device) for t in tensors])
+        self.transport.register([Region(t.data_ptr(), region_bytes(t), device) for t in tensors])
         log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
                  self.transport.path(), layout.fingerprint())
 
@@ -221,8 +232,10 @@ class WorkerSide:
     def _corrupt(self, blocks: list[int]) -> None:
         import torch
 
+        from pdsdk.connectors.transports.buffers import torch_view
+
         for (planes, plane_stride, block_stride, block_bytes), tensor in zip(self.geometry, self._views):
-            flat = tensor.view(-1).view(torch.uint8)
+            flat = torch_view(tensor.data_ptr(), region_bytes(tensor), str(tensor.device))
             for b in blocks:
                 for p in range(planes):
                     start = p * plane_stride + b * block_stride
