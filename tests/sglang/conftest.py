@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is not installed here (make test-sglang uses its own venv)")
+try:  # the main venv has no SGLang (`import sglang` alone would find this folder as a namespace package)
+    import sglang.srt.plugins  # noqa: F401
+except ImportError:
+    collect_ignore_glob = ["test_*.py"]
+    sys.modules.pop("sglang", None)  # drop the namespace-package stand-in for later imports
 
 WORKER = Path(__file__).with_name("pd_worker.py")
 
