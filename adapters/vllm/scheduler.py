@@ -43,6 +43,7 @@ class SchedulerSide:
         self._stored: dict[str, int] = {}  # request -> full blocks already in the store
         self._store_hits: dict[str, tuple[int, int]] = {}  # request -> (first block, blocks) to load
         self._load: dict[str, StorePages] = {}
+        self._pd_first: dict[str, int] = {}  # decode: first remote block to pull (after local hits)
         self.store_hit_blocks = 0
 
     # --- handshake -----------------------------------------------------------------------------
@@ -61,6 +62,7 @@ class SchedulerSide:
             remote_tokens = params.get("remote_num_tokens") or request.num_prompt_tokens
             count = min(remote_tokens, request.num_prompt_tokens) - num_computed_tokens
             if count > 0:
+                self._pd_first[request.request_id] = num_computed_tokens // self.block_size
                 return count, True
             return 0, False
         if self.store_index is None:
@@ -88,9 +90,12 @@ class SchedulerSide:
         if num_external_tokens > 0 and all(params.get(k) is not None for k in NEEDED):
             # The external tokens are the prompt's tail after local prefix-cache hits (block aligned):
             # the last n remote blocks land in the first n newly allocated local blocks.
+            # Remote block i holds the prefill's tokens [i*bs, (i+1)*bs): start after our local hits,
+            # whatever the prefill allocated beyond its prompt.
             n = -(-num_external_tokens // self.block_size)
+            first = self._pd_first.pop(request.request_id, 0)
             local = compat.unhashed_block_ids(blocks)[:n]
-            remote = _flat(params["remote_block_ids"])[-n:]
+            remote = _flat(params["remote_block_ids"])[first:first + n]
             if len(local) != len(remote):
                 log.warning("pdsdk: request %s: %d local blocks for %d remote ones; its load will fail",
                             request.request_id, len(local), len(remote))
@@ -105,7 +110,7 @@ class SchedulerSide:
     # --- prefill side --------------------------------------------------------------------------
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        for table in (self._requests, self._blocks, self._stored, self._store_hits):
+        for table in (self._requests, self._blocks, self._stored, self._store_hits, self._pd_first):
             table.pop(request.request_id, None)
         params = request.kv_transfer_params
         if not params:

@@ -63,7 +63,9 @@ def main():
                               "kv_transfer_params": {"do_remote_decode": True}}, rid)
             out = post(dp, {"model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0,
                             "kv_transfer_params": first["kv_transfer_params"]}, rid)["choices"][0]["text"]
-            results.append({"equal": out == expected, "ms": (time.monotonic() - start) * 1e3})
+            results.append({"equal": out == expected, "ms": (time.monotonic() - start) * 1e3, "pd": out,
+                            "single": expected, "prompt_tokens": first["usage"]["prompt_tokens"],
+                            "blocks": len(first["kv_transfer_params"]["remote_block_ids"])})
         time.sleep(2)
     finally:
         sup.stop()
@@ -71,7 +73,8 @@ def main():
     report = {"transport": TRANSPORT, "results": results, "all_equal": all(r["equal"] for r in results),
               "decode_stats": stats}
     (OUT / f"vllm-pd-{TRANSPORT}.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: v for k, v in report.items() if k != "decode_stats"}, indent=1))
+    for r in results:
+        print(r["equal"], r["prompt_tokens"], r["blocks"], repr(r["pd"][:30]), repr(r["single"][:30]))
     print("decode transport stats:", [{k: s.get(k) for k in ("path", "transfers", "failed", "bytes", "gbps")}
                                       for s in stats])
 
