@@ -29,5 +29,5 @@ def test_dry_run_flags_parse_with_sglangs_parser():
         if args.disaggregation_mode == "prefill":
             assert args.disaggregation_bootstrap_port == int(env["PDSDK_BOOTSTRAP_PORT"])
     assert modes == ["prefill", "decode", "decode"]
-    router = next(line for line in out.stdout.splitlines() if " router " in line)
+    router = next(line for line in out.stdout.splitlines() if "-m pdsdk router" in line)
     assert "--engine sglang" in router and router.count("--decode") == 2
