@@ -254,9 +254,10 @@ class PdsdkKVManager(CommonKVManager):
         dst = np.frombuffer(req.kv_indices, dtype=np.int32).astype(np.int64)[chunk.index_slice]
         src = chunk.pages
         if len(src) != len(dst):
-            # A decode-side prefix hit: decode asked for the tail only (SGLang's backends do the same).
-            src = src[len(src) - len(dst):] if len(dst) < len(src) else src
-            dst = dst[:len(src)]
+            # "Should never happen" (page size > 1 rounding); SGLang's own backends keep the leading pages.
+            log.warning("pdsdk: room %d: %d prefill pages for %d decode pages", chunk.room, len(src), len(dst))
+            n = min(len(src), len(dst))
+            src, dst = src[:n], dst[:n]
         aux = None
         if chunk.is_last and chunk.aux_index is not None and req.aux_index is not None:
             aux = (chunk.aux_index, req.aux_index)

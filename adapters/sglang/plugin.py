@@ -51,7 +51,7 @@ def _add_enum_member() -> None:
 
 
 def kv_classes() -> dict[str, type]:
-    """KVClassType value -> pdsdk class (KVARGS stays SGLang's shared KVArgs)."""
+    """KVClassType value -> pdsdk class (KVARGS is SGLang's shared KVArgs)."""
     from pdsdk.adapters.sglang.conn import PdsdkKVBootstrapServer, PdsdkKVReceiver, PdsdkKVSender
     from pdsdk.adapters.sglang.manager import PdsdkKVManager
 
@@ -60,6 +60,10 @@ def kv_classes() -> dict[str, type]:
 
 
 def _get_kv_class(original: Any, transfer_backend: Any, class_type: Any, *args: Any, **kwargs: Any) -> Any:
-    if getattr(transfer_backend, "value", transfer_backend) == BACKEND and getattr(class_type, "value", "") != "kvargs":
-        return kv_classes()[class_type.value]
-    return original(transfer_backend, class_type, *args, **kwargs)
+    if getattr(transfer_backend, "value", transfer_backend) != BACKEND:
+        return original(transfer_backend, class_type, *args, **kwargs)
+    if class_type.value == "kvargs":  # 0.5.15 maps KVARGS per backend, so it would not know ours
+        from sglang.srt.disaggregation.base.conn import KVArgs
+
+        return KVArgs
+    return kv_classes()[class_type.value]

@@ -17,6 +17,16 @@ from pdsdk.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    """A local model directory: 0.5.15 reads the model config while building ServerArgs."""
+    from pdsdk.tinymodel import make_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    make_tiny_model(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def plugins():
     from sglang.srt.plugins import load_plugins
 
@@ -24,12 +34,14 @@ def plugins():
 
 
 def parse(cmd: list[str]):
-    """SGLang's own parser, as launch_server builds it."""
+    """SGLang's own parser, as launch_server builds it. `--device cpu`: 0.5.15 resolves the device
+    while building ServerArgs and finds no accelerator on this machine."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(cmd[cmd.index("sglang.launch_server") + 1:]))
+    argv = cmd[cmd.index("sglang.launch_server") + 1:]
+    return ServerArgs.from_cli_args(parser.parse_args(argv + ["--device", "cpu"]))
 
 
 def test_entry_point_is_installed():
@@ -62,11 +74,11 @@ def test_get_kv_class_returns_pdsdk_classes_everywhere(plugins):
         assert module.get_kv_class(TransferBackend.FAKE, KVClassType.SENDER) is FakeKVSender  # others untouched
 
 
-def test_server_args_accept_the_backend(plugins):
+def test_server_args_accept_the_backend(plugins, model):
     from sglang.srt.server_args import DISAGG_TRANSFER_BACKEND_CHOICES
 
     assert "pdsdk" in DISAGG_TRANSFER_BACKEND_CHOICES
-    args = parse(["-m", "sglang.launch_server", "--model-path", "m", "--disaggregation-mode", "decode",
+    args = parse(["-m", "sglang.launch_server", "--model-path", model, "--disaggregation-mode", "decode",
                   "--disaggregation-transfer-backend", "pdsdk"])
     assert args.disaggregation_transfer_backend == "pdsdk"
 
@@ -84,16 +96,19 @@ def test_plugin_is_idempotent(plugins):
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "worker"])
-def test_command_builder_flags_parse(plugins, role):
+def test_command_builder_flags_parse(plugins, model, role):
     config = {"transport": "mooncake", "timeouts": {"transfer_s": 5}}
-    cmd, env = server_command("/models/tiny", 30001, role=role, pdsdk_config=config, served_name="tiny", tp=2,
-                              page_size=32, extra_args=tuple(hicache_args({"tiered": ["memory", "disk"]})))
+    # HiCache needs the radix cache, which decode workers turn off (SGLang refuses the mix).
+    hicache = hicache_args({"tiered": ["memory", "disk"]}) if role != "decode" else []
+    cmd, env = server_command(model, 30001, role=role, pdsdk_config=config, served_name="tiny", tp=2,
+                              page_size=32, extra_args=tuple(hicache))
     args = parse(cmd)
     assert (args.model_path, args.port, args.tp_size, args.page_size, args.served_model_name) == \
-        ("/models/tiny", 30001, 2, 32, "tiny")
-    assert args.hicache_storage_backend == "dynamic"
-    extra = json.loads(args.hicache_storage_backend_extra_config)
-    assert extra["module_path"] == "pdsdk.adapters.sglang.hicache" and extra["interface_v1"] == 1
+        (model, 30001, 2, 32, "tiny")
+    if hicache:
+        assert args.hicache_storage_backend == "dynamic"
+        extra = json.loads(args.hicache_storage_backend_extra_config)
+        assert extra["module_path"] == "pdsdk.adapters.sglang.hicache" and extra["interface_v1"] == 1
     if role == "worker":
         assert args.disaggregation_mode == "null" and not env
         return
