@@ -16,8 +16,12 @@ SGL_BIN  := $(SGL_VENV)/bin
 SGL_PIP  := $(SGL_BIN)/pip -q --disable-pip-version-check
 SGLANG   ?= sglang==0.5.23
 SGL_EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis
+# The GPU machine runs SGLang 0.5.15.post1: the same tier runs against its classes too.
+SGL15_VENV ?= .venv-sglang-0515
+SGLANG15 ?= sglang==0.5.15.post1 transformers==5.12.1 tokenizers==0.22.2
+PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
-.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang demo bench clean
+.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang sglang-tier demo bench clean
 
 help:
 	@echo "make demo       set up and run the main job"
@@ -71,6 +75,17 @@ $(SGL_VENV)/.sglang: tests/sglang/requirements-cpu.txt pyproject.toml
 	$(SGL_PIP) install ".[$(SGL_EXTRAS)]"
 	@touch $@
 
+# SGLang 0.5.15.post1 for the compat tier: its wheel and the transformers it pins, in a venv that sees
+# every other package of $(SGL_VENV) through a .pth file (only SGLang's own code differs: torch stays
+# 2.14.1 where the GPU machine has 2.11). A few MB instead of another 7 GB.
+$(SGL15_VENV)/.sglang: $(SGL_VENV)/.sglang
+	test -x $(SGL15_VENV)/bin/python || $(PYTHON) -m venv $(SGL15_VENV)
+	@echo '*' > $(SGL15_VENV)/.gitignore
+	echo "$$($(SGL_BIN)/python $(PURELIB))" > "$$($(SGL15_VENV)/bin/python $(PURELIB))/zz_sglang_base.pth"
+	$(SGL15_VENV)/bin/pip -q --disable-pip-version-check install --no-deps $(SGLANG15)
+	ln -sf "$$(cd $(SGL_BIN) && pwd)/mooncake_master" $(SGL15_VENV)/bin/mooncake_master
+	@touch $@
+
 deps: $(VENV)/.deps
 
 # A regular (non-editable) install of this tree: tests run against what users get.
@@ -79,7 +94,7 @@ install: deps
 
 install-vllm: $(VENV)/.vllm install
 
-install-sglang: $(SGL_VENV)/.sglang
+install-sglang: $(SGL_VENV)/.sglang $(SGL15_VENV)/.sglang
 	$(SGL_PIP) install --no-deps --no-build-isolation --force-reinstall .
 
 # System packages the servers and libraries need; installed only when missing, and only as root.
@@ -93,11 +108,15 @@ apt:
 # The main suite, then the SGLang tier in its own venv.
 test: apt install-vllm install-sglang $(VENV)/.lmcache
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
-	PDSDK_TEST_INSTALLED=1 $(SGL_BIN)/pytest tests/sglang
+	$(MAKE) --no-print-directory sglang-tier
 
-# The SGLang adapter against real SGLang 0.5.23 classes (CPU; it cannot serve a model here).
+# The SGLang adapter against real SGLang classes (CPU; it cannot serve a model here): 0.5.23, 0.5.15.post1.
 test-sglang: install-sglang
-	PDSDK_TEST_INSTALLED=1 $(SGL_BIN)/pytest tests/sglang
+	$(MAKE) --no-print-directory sglang-tier
+
+sglang-tier:
+	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(SGL_BIN)/pytest tests/sglang
+	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(SGL15_VENV)/bin/python -P -m pytest tests/sglang -p no:cacheprovider
 
 # The engine tier alone (real vLLM on CPU; minutes).
 test-engine: install-vllm
@@ -114,4 +133,4 @@ bench: install
 	$(BIN)/pdsdk bench transport --json bench-transport.json
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL_VENV) $(SGL15_VENV) build *.egg-info

@@ -32,6 +32,14 @@ def emit(**event) -> None:
     _out.flush()
 
 
+def known_args(fn, *args, **kwargs):
+    """Call `fn` with the keyword arguments this SGLang version knows (0.5.15 and 0.5.23 differ)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+
 def build(role: str, port: int, heads: int = HEADS):
     from sglang.srt.plugins import load_plugins
 
@@ -53,7 +61,8 @@ def build(role: str, port: int, heads: int = HEADS):
         server = get_kv_class(backend, KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=port)
     pool = MHATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=torch.bfloat16, head_num=heads, head_dim=HEAD_DIM,
                             layer_num=LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
-    meta = MetadataBuffers(8, hidden_size=64, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=0)
+    meta = known_args(MetadataBuffers, 8, hidden_size=64, hidden_states_dtype=torch.bfloat16,
+                      max_sampling_mask_tokens=0)  # a 0.5.23 argument
     kv_args = get_kv_class(backend, KVClassType.KVARGS)()
     kv_args.engine_rank, kv_args.pp_rank, kv_args.system_dp_rank, kv_args.rust_http_port = 0, 0, 0, None
     kv_args.kv_cache_dtype_str, kv_args.kv_layout = "bfloat16", None
@@ -118,7 +127,12 @@ def run_prefill(args) -> None:
     from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
 
     emit(event="ready", pid=os.getpid())
-    sender = get_kv_class(backend, KVClassType.SENDER)(manager, f"127.0.0.1:{args.bootstrap_port}", args.room)
+    from pdsdk.compat import sglang as compat
+
+    # What prefill.py passes after the room: 0.5.15 (dest_tp_ranks, pp_rank), 0.5.22+ nothing required.
+    extra = ([0], 0) if compat.sender_init_params()[:1] == ("dest_tp_ranks",) else ()
+    sender = get_kv_class(backend, KVClassType.SENDER)(manager, f"127.0.0.1:{args.bootstrap_port}", args.room,
+                                                       *extra)
     state = wait_for(sender, (KVPoll.WaitingForInput,))
     if state != KVPoll.WaitingForInput:
         emit(event="done", state=int(state), reason=failure_reason(sender))

@@ -17,14 +17,18 @@ PAGE, LAYERS, HEADS, HEAD_DIM = 16, 3, 2, 32
 @pytest.fixture(scope="module")
 def host_pool():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-    from sglang.srt.server_args import ServerArgs
 
-    compat.publish_standalone(ServerArgs(model_path="dummy", device="cpu"))
     kv = MHATokenToKVPool(256, PAGE, torch.bfloat16, HEADS, HEAD_DIM, LAYERS, "cpu", False, enable_alt_stream=False)
-    pool = MHATokenToKVPoolHost(kv.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, "page_first", pin_memory=False,
-                                device="cpu", device_capacity_tokens=kv.size, start_layer=kv.start_layer,
-                                end_layer=kv.end_layer)
+    try:  # 0.5.23: built from the device pool's buffer info
+        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+        pool = MHATokenToKVPoolHost(kv.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, "page_first",
+                                    pin_memory=False, device="cpu", device_capacity_tokens=kv.size,
+                                    start_layer=kv.start_layer, end_layer=kv.end_layer)
+    except ImportError:  # 0.5.15: from the device pool itself
+        from sglang.srt.mem_cache.memory_pool_host import MHATokenToKVPoolHost
+
+        pool = MHATokenToKVPoolHost(kv, 2, 0, PAGE, "page_first", pin_memory=False, device="cpu")
     g = torch.Generator().manual_seed(3)
     pool.kv_buffer.view(torch.int16).copy_(torch.randint(-2**15, 2**15, pool.kv_buffer.shape, generator=g,
                                                          dtype=torch.int16))
