@@ -32,3 +32,22 @@ def need_plugin(spec) -> None:
     why = spec.why_not
     if why:
         (pytest.fail if REQUIRE_ALL else pytest.skip)(f"{spec.kind} {spec.name} cannot load here: {why}")
+
+
+def eventually(check, timeout: float = 10.0, interval: float = 0.1) -> bool:
+    """Poll `check` until it is true or `timeout` seconds pass; its last answer."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return bool(check())
+
+
+def read_pages(store, keys, size: int) -> tuple[int, list[bytes]]:
+    """(hit prefix length, the bytes of the hit pages) from a store's `get`."""
+    out = [bytearray(size) for _ in keys]
+    hits = store.get(keys, out)
+    return hits, [bytes(o) for o in out[:hits]]

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from pdsdk.connectors.transports.staging import StagedTransfer
 
 from pdsdk.errors import ConfigError, PdsdkError
 from pdsdk.kv import KVLayout, Region, Span, check_spans, coalesce
@@ -423,7 +424,7 @@ class Transport(ABC):
         return prefer_staged(len(local), nbytes, self._stager.buffer.device)
 
     def _is_staged(self, backend: Any) -> bool:
-        return self._stager is not None and type(backend).__name__ == "StagedTransfer"
+        return isinstance(backend, StagedTransfer)
 
     def _finish(self, handle: int, t: _Transfer, status: Status) -> None:
         with self._lock:

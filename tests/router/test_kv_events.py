@@ -8,7 +8,7 @@ import time
 
 import msgspec
 import pytest
-
+from helpers import eventually
 from pdsdk.router import fake_events as fe
 from pdsdk.router.harness import Harness, free_port
 from pdsdk.router.kvindex import KVIndex
@@ -110,12 +110,7 @@ def _endpoints():
 
 
 def _wait(check, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
+    return eventually(check, timeout, interval=0.01)
 
 
 def _publish(pub, fmt, tokens, salt=0):

@@ -10,6 +10,8 @@ import time
 import pytest
 from stores.servers import free_port, mooncake_options, start_mooncake_master, start_redis
 
+from helpers import eventually, read_pages
+
 from pdsdk.connectors.stores.disk import DiskStore
 
 PAGE = 4096
@@ -23,19 +25,6 @@ def keys(n, salt):
     return [f"{salt}-{i}".encode().ljust(32, b".") for i in range(n)]
 
 
-def read(store, ks, size=PAGE):
-    out = [bytearray(size) for _ in ks]
-    hits = store.get(ks, out)
-    return hits, [bytes(o) for o in out[:hits]]
-
-
-def eventually(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # -- disk ---------------------------------------------------------------------------------------
@@ -46,7 +35,7 @@ def test_disk_reopen_finds_pages_and_hints(tmp_path):
         from pdsdk.connectors.stores.base import Hints
         s.put(ks[2:], ps[2:], Hints(pin=True))
     with DiskStore(path=tmp_path, capacity_bytes=6 * (PAGE + 256)) as s:
-        assert read(s, ks) == (4, ps)
+        assert read_pages(s, ks, PAGE) == (4, ps)
         s.put(keys(6, "churn"), pages(6))
         assert s.contains(ks[2:]) == 2  # still pinned after the restart
 
@@ -68,13 +57,13 @@ def test_disk_damaged_page_is_a_miss_and_a_log_line(tmp_path, caplog, damage):
         data[0:4] = b"XXXX"
     victim.write_bytes(data)
     with caplog.at_level(logging.WARNING, logger="pdsdk.stores"):
-        hits, got = read(s, ks)
+        hits, got = read_pages(s, ks, PAGE)
     assert (hits, got) == (1, ps[:1])  # page 0 only: never the damaged bytes
     assert any(str(victim) in r.getMessage() for r in caplog.records)
     assert not victim.exists() and s.contains(ks) == 1
     assert s.stats()["errors"] >= 1
     s.put(ks[1:], ps[1:])  # the page can be stored again
-    assert read(s, ks) == (3, ps)
+    assert read_pages(s, ks, PAGE) == (3, ps)
 
 
 def test_disk_damaged_file_found_on_reopen_is_dropped(tmp_path):
@@ -109,7 +98,7 @@ def test_disk_full_filesystem_evicts_and_never_raises(tiny_fs):
     survivors = [i for i, k in enumerate(ks) if s.contains([k])]
     assert survivors and survivors[-1] == 79  # making room kept the newest page
     for i in survivors:
-        assert read(s, [ks[i]], 64 << 10) == (1, [ps[i]])
+        assert read_pages(s, [ks[i]], 64 << 10) == (1, [ps[i]])
     s.close()
 
 
@@ -125,15 +114,15 @@ def test_redis_killed_then_restarted(tmp_path):
         assert s.put(ks, ps) == 4
         server.kill()
         for _ in range(5):  # misses, nothing raised, and quickly once the store knows
-            assert read(s, ks) == (0, [])
+            assert read_pages(s, ks, PAGE) == (0, [])
             assert s.put(ks, ps) == 0 and s.contains(ks) == 0 and s.delete(ks) == 0
         t = time.monotonic()
-        read(s, ks)
+        read_pages(s, ks, PAGE)
         assert time.monotonic() - t < 0.6
         assert s.stats()["errors"] >= 1 and s.stats()["reachable"] is False
         server.start()  # same port, empty (no persistence)
         assert eventually(lambda: s.put(ks, ps) == 4)
-        assert read(s, ks) == (4, ps)
+        assert read_pages(s, ks, PAGE) == (4, ps)
         s.close()
     finally:
         server.stop()
@@ -145,7 +134,7 @@ def test_redis_unreachable_from_the_start():
 
     s = RedisStore(url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
     assert s.put(keys(1, "x"), pages(1)) == 0
-    assert read(s, keys(1, "x")) == (0, [])
+    assert read_pages(s, keys(1, "x"), PAGE) == (0, [])
     assert s.stats()["errors"] == 1  # later calls wait for the backoff instead of failing again
     s.close()
 
@@ -164,10 +153,10 @@ def test_redis_pressure_keeps_pinned_pages(tmp_path):
         ks, ps = keys(200, "churn"), pages(200, 64 << 10)  # 12.5 MiB through 4 MiB
         for i in range(0, 200, 10):
             s.put(ks[i:i + 10], ps[i:i + 10])
-        assert read(s, pinned, 64 << 10) == (8, pinned_pages)
+        assert read_pages(s, pinned, 64 << 10) == (8, pinned_pages)
         assert s.stats()["server_evicted_keys"] > 0
         for i, k in enumerate(ks):
-            hits, got = read(s, [k], 64 << 10)
+            hits, got = read_pages(s, [k], 64 << 10)
             assert got == ps[i:i + 1][:hits]
         s.close()
     finally:
@@ -183,13 +172,13 @@ def test_mooncake_master_down(tmp_path):
     try:
         s = MooncakeStore(**mooncake_options(master))
         ks, ps = keys(4, "mc"), pages(4)
-        assert s.put(ks, ps) == 4 and read(s, ks) == (4, ps)
+        assert s.put(ks, ps) == 4 and read_pages(s, ks, PAGE) == (4, ps)
         master.kill()
-        read(s, ks)  # the first call after the crash may wait out the RPC timeout
+        read_pages(s, ks, PAGE)  # the first call after the crash may wait out the RPC timeout
         assert eventually(lambda: not s.stats()["reachable"], 15)
         t = time.monotonic()
         for _ in range(3):
-            assert read(s, ks) == (0, []) and s.put(ks, ps) == 0 and s.contains(ks) == 0
+            assert read_pages(s, ks, PAGE) == (0, []) and s.put(ks, ps) == 0 and s.contains(ks) == 0
         assert time.monotonic() - t < 0.5  # answered locally while the master is down
         assert s.stats()["errors"] >= 1
         s.close()
@@ -204,7 +193,7 @@ def test_mooncake_master_unreachable_at_start():
     t = time.monotonic()
     s = MooncakeStore(master=f"127.0.0.1:{free_port()}", segment_bytes=16 << 20, buffer_bytes=16 << 20,
                       connect_timeout_s=1)
-    assert read(s, keys(1, "x")) == (0, []) and s.put(keys(1, "x"), pages(1)) == 0
+    assert read_pages(s, keys(1, "x"), PAGE) == (0, []) and s.put(keys(1, "x"), pages(1)) == 0
     assert time.monotonic() - t < 3  # setup goes on in the background
     s.close()
 
@@ -216,10 +205,11 @@ def test_mooncake_delete_right_after_get_despite_lease(mooncake_master):
     s = MooncakeStore(**mooncake_options(mooncake_master))
     ks, ps = keys(3, "lease"), pages(3)
     s.put(ks, ps)
-    assert read(s, ks) == (3, ps)  # takes a lease on every page
+    assert read_pages(s, ks, PAGE) == (3, ps)  # takes a lease on every page
     assert s.delete(ks) == 3
     assert s.contains(ks) == 0
     s.close()
 
 
 from stores.servers import mooncake_master  # noqa: E402,F401 - fixture
+

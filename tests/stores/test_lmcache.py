@@ -11,6 +11,8 @@ import msgspec
 import pytest
 from stores.servers import lmcache_options
 
+from helpers import eventually, read_pages
+
 from pdsdk.connectors.stores import lmcache_worker
 from pdsdk.connectors.stores.lmcache import LMCacheStore, runtime
 from pdsdk.errors import MissingDependency
@@ -24,21 +26,6 @@ def pages(n, size=4096):
     return [os.urandom(size) for _ in range(n)]
 
 
-def read(store, ks, size=4096):
-    out = [bytearray(size) for _ in ks]
-    hits = store.get(ks, out)
-    return hits, [bytes(o) for o in out[:hits]]
-
-
-def eventually(check, timeout=60.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_frames_are_msgpack_and_survive_large_bodies():
@@ -69,7 +56,7 @@ def test_pressure_evicts_and_never_returns_wrong_bytes(tmp_path):
         survivors = [i for i, k in enumerate(ks) if s.contains([k])]
         assert 47 in survivors and len(survivors) <= 16
         for i in survivors:
-            assert read(s, [ks[i]], 64 << 10) == (1, [ps[i]])
+            assert read_pages(s, [ks[i]], 64 << 10) == (1, [ps[i]])
 
 
 @pytest.mark.slow
@@ -80,8 +67,8 @@ def test_disk_tier(tmp_path):
         assert "LocalDiskBackend" in s.stats()["backends"]
         ks, ps = keys(6, "disk"), pages(6, 16 << 10)
         assert s.put(ks, ps) == 6
-        assert eventually(lambda: s.contains(ks) == 6)  # LMCache writes files asynchronously
-        assert read(s, ks, 16 << 10) == (6, ps)
+        assert eventually(lambda: s.contains(ks) == 6, 60)  # LMCache writes files asynchronously
+        assert read_pages(s, ks, 16 << 10) == (6, ps)
         assert len(os.listdir(tmp_path / "lmc")) >= 6
 
 
@@ -95,9 +82,10 @@ def test_worker_killed_mid_run_misses_then_restarts(tmp_path):
         os.kill(s.worker_pid, 9)
         # Misses, no exception, an error counted; a new worker starts in the background.
         assert s.contains(ks) == 0
-        assert read(s, ks) == (0, [])
+        assert read_pages(s, ks, 4096) == (0, [])
         assert s.put(ks, ps) == 0
         assert s.stats()["errors"] >= 1
         assert s.wait_ready(300)
         assert s.put(ks, ps) == 4  # the new worker's CPU tier starts empty
-        assert read(s, ks) == (4, ps)
+        assert read_pages(s, ks, 4096) == (4, ps)
+
