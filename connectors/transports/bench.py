@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import statistics
 import sys
@@ -37,6 +38,8 @@ def register(sub) -> None:
     p.add_argument("--peer-device", default=None, help="the peer's memory (default: cuda:1 if --device is cuda)")
     p.add_argument("--staging", choices=("auto", "on", "off"), default="auto",
                    help="staged path for scattered pages, on transports that have one (default: the cost rule)")
+    p.add_argument("--option", action="append", default=[], metavar="T.KEY=VALUE",
+                   help="a transport option, e.g. mooncake.protocol=nvlink (repeatable; VALUE is JSON or text)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-transfer deadline in seconds")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
     p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append a row to ('' for none)")
@@ -51,6 +54,7 @@ def run(args) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     reg = registry()
+    transport_options(args.option)  # bad --option: fail before any peer starts
     names = [n for n in args.transports.split(",") if n] or \
         [n for n in reg.names("transport") if reg.get("transport", n).why_not is None]
     peer_device = args.peer_device or ("cpu" if args.device == "cpu" else "cuda:1")
@@ -115,6 +119,7 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
               "page_size": 32}
     cls = registry().load("transport", name)
     options = {"staging": args.staging} if cls.SUPPORTS_STAGING else {}
+    options.update(transport_options(args.option).get(name, {}))
     transport = cls(name=name, layout=KVLayout(**layout, device=args.device), transfer_timeout_s=args.timeout, **options)
     buf, region = allocate(region_bytes, args.device)
     transport.register([region])
@@ -168,6 +173,23 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
         peer.close()
         transport.close()
     return records
+
+
+def transport_options(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`["mooncake.protocol=nvlink", ...]` -> {"mooncake": {"protocol": "nvlink"}}."""
+    from pdsdk.errors import ConfigError
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        transport, _, key = name.partition(".")
+        if not (transport and key and _):
+            raise ConfigError("--option", f"{item!r} is not T.KEY=VALUE, e.g. mooncake.protocol=nvlink")
+        try:
+            out.setdefault(transport, {})[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out.setdefault(transport, {})[key] = value
+    return out
 
 
 def _fill_local(buf: Any, device: str) -> None:

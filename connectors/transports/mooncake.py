@@ -25,7 +25,8 @@ from pdsdk.connectors.transports.base import (
 from pdsdk.kv import Region, span_addresses
 
 log = logging.getLogger(__name__)
-PROTOCOLS = ("tcp", "rdma", "nvlink")
+# nvlink: multi-node NVLink (wheels built with USE_MNNVL); nvlink_intra: GPUs of one host (USE_INTRA_NVLINK).
+PROTOCOLS = ("tcp", "rdma", "nvlink", "nvlink_intra")
 # A batch of more than ~2000 entries fails with -1 and breaks the session for good (0.3.13.post1).
 MAX_BATCH = 1024
 
@@ -61,15 +62,16 @@ class MooncakeTransport(Transport):
             return "tcp", None
         if asked == "rdma" and hcas:
             return "rdma", None
-        if asked == "nvlink":
-            return "nvlink", None
+        if asked in ("nvlink", "nvlink_intra"):  # initialize() fails when the wheel lacks them
+            return asked, None
         return "tcp", f"protocol {asked!r} was asked for but the engine found no RDMA device: it moves bytes over TCP"
 
     def _path(self) -> str:
         return self._protocol
 
     def _slow_path_hint(self) -> str:
-        return "ask protocol 'nvlink' (one host) or 'rdma', or use transport 'local' between processes of one GPU"
+        return ("ask protocol 'nvlink_intra' (GPUs of one host) or 'rdma', or use transport 'local' between "
+                "processes of one host")
 
     def _register(self, regions: list[Region]) -> None:
         for r in regions:

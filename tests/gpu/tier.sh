@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU machine (nvidia-h200-x2): the GPU tier in steps, so one call can run several and the next call the rest.
+#   bash tests/gpu/tier.sh setup transports vllm single tp2 ...
+# setup: install the staged wheels ($HOME/stage, see ../shared/gpu/README.md) and pdsdk from the carried
+#   archive .whl/pdsdk.tar (`git archive HEAD`, so other engineers' uncommitted edits never travel), and
+#   write the Qwen3-8B-shaped model to $HOME/qwen3-8b-shape.
+# transports: `pdsdk bench transport` GPU0 <- GPU1 for every transport, Mooncake's NVLink protocol, the
+#   staged path on/off, and the NCCL send/recv ceiling.
+# vllm CONFIG...: tests/gpu/vllm_tier.py with the rest of the call's time (10 minutes a call).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PIP_BREAK_SYSTEM_PACKAGES=1 NIXL_LOG_LEVEL=WARNING MC_LOG_LEVEL=WARNING GLOG_minloglevel=2 \
+  VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+SRC=$HOME/pdsdk-src; MODEL=$HOME/qwen3-8b-shape; LIMIT=${LIMIT:-585}
+step_setup() {
+  [ -d "$HOME/wheels" ] || { bash "$HOME"/stage/part*/install.sh > "$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"; }
+  rm -rf "$SRC" && mkdir -p "$SRC" && tar -xf .whl/pdsdk.tar -C "$SRC"
+  (cd "$SRC" && python3 -m pip install -q --no-deps --no-build-isolation . > "$OUT/pdsdk-install.log" 2>&1) \
+    || tail -5 "$OUT/pdsdk-install.log"
+  (cd /tmp && python3 -c "import vllm, nixl, mooncake.engine, pdsdk; print('vllm', vllm.__version__, 'pdsdk', pdsdk.__version__)")
+  (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$MODEL")
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+  (cd /tmp && python3 -m pdsdk doctor --json > "$OUT/doctor.json" 2>&1)
+}
+bench() { # name, extra args
+  local name=$1; shift
+  (cd /tmp && timeout 240 python3 -m pdsdk bench transport --device cuda:0 --peer-device cuda:1 --page-bytes 32768 \
+    --timeout 120 --doc "" --json "$OUT/bench-$name.json" "$@" > "$OUT/bench-$name.txt" 2>&1)
+  python3 - "$OUT/bench-$name.json" <<'PY'
+import json, sys
+try:
+    records = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f"{sys.argv[1]}: {e}")
+for r in records:
+    if "gbps" in r:
+        print(f"{r['transport']:9} {r['case']:10} {r['bytes'] >> 20:5} MiB {r['seconds'] * 1e3:9.3f} ms "
+              f"{r['gbps']:8.2f} GB/s x{r.get('ratio_to_ceiling')} {r.get('ratio_to_contiguous') or ''} "
+              f"verified={r['verified']} {r['path'][:60]}")
+    else:
+        print(r["transport"], "ERROR", r.get("error", "")[:300])
+PY
+}
+step_transports() {
+  echo "== all transports"; bench all --sizes 1,16,151,1024 --pages 4608 --repeats 10
+  echo "== mooncake nvlink_intra"; bench mooncake-nvlink --transports mooncake --sizes 151,1024 --repeats 5 \
+    --option mooncake.protocol=nvlink_intra
+  for s in off on; do echo "== staging $s"; bench "staging-$s" --transports nixl,mooncake --sizes 151 --repeats 5 --staging $s; done
+  (cd /tmp && timeout 120 python3 "$SRC/tests/gpu/nccl_ceiling.py")
+}
+while [ $# -gt 0 ]; do
+  case $1 in
+    setup) step_setup; shift ;;
+    transports) step_transports; shift ;;
+    vllm) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/vllm_tier.py" "$MODEL" "$@"); break ;;
+    *) echo "unknown step $1"; exit 2 ;;
+  esac
+done
+echo "call took ${SECONDS}s"

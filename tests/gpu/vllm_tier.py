@@ -1,0 +1,160 @@
+"""GPU machine: vLLM serving configurations one after the other, each through the pdsdk router:
+greedy correctness against the single-GPU run, then `pdsdk bench serve` at the seed's load.
+
+Usage: python3 tests/gpu/vllm_tier.py MODEL_DIR CONFIG [CONFIG...]   (configs: see CONFIGS)
+Results: $OUT/vllm-<config>.json (+ logs); the single-GPU outputs are kept in $HOME/gpu-tier so a
+later call (the machine keeps files while warm) compares against them. Stops starting new
+configurations when less than PDSDK_GPU_MIN_LEFT seconds of PDSDK_GPU_BUDGET remain.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from pdsdk.launch.plan import LaunchOptions, LaunchPlan, ProcessSpec, build_plan, free_port
+from pdsdk.launch.supervisor import Supervisor
+from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
+from pdsdk.matrix.workload import Workload, random_requests
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+KEEP = Path.home() / "gpu-tier"
+T0 = time.monotonic()
+BUDGET = float(os.environ.get("PDSDK_GPU_BUDGET", "570"))
+MIN_LEFT = float(os.environ.get("PDSDK_GPU_MIN_LEFT", "150"))
+UTIL = os.environ.get("PDSDK_GPU_UTIL", "0.85")
+ENGINE_ARGS = ["--gpu-memory-utilization", UTIL, "--max-model-len", "4096"]
+NUM_PROMPTS, RATE = int(os.environ.get("PDSDK_GPU_PROMPTS", "200")), float(os.environ.get("PDSDK_GPU_RATE", "20"))
+MOONCAKE = {"name": "mooncake", "options": {"protocol": os.environ.get("PDSDK_MOONCAKE_PROTOCOL", "nvlink_intra")}}
+CONFIGS = {
+    "single": dict(prefill=0, decode=1, gpus=[0]),
+    "tp2": dict(prefill=0, decode=1, tp=2, gpus=[0, 1]),
+    "pd-local": dict(prefill=1, decode=1, gpus=[0, 1], transport="local"),
+    "pd-nixl": dict(prefill=1, decode=1, gpus=[0, 1], transport="nixl"),
+    "pd-mooncake": dict(prefill=1, decode=1, gpus=[0, 1], transport=MOONCAKE),
+    "pd-nccl": dict(prefill=1, decode=1, gpus=[0, 1], transport="nccl"),
+    "pd-intree-nixl": "NixlConnector",
+}
+# Correctness prompts: token ids (exact lengths) crossing page boundaries in different ways.
+CHECK = random_requests(Workload("random", num_prompts=6, isl=700, osl=32, range_ratio=0.9, vocab=500, seed=11))
+TIE = 0.05  # a first difference where the single run's top-2 logprobs are this close is rounding, not a bug
+
+
+def plan_for(name: str, model: str) -> LaunchPlan:
+    spec = CONFIGS[name]
+    if spec == "NixlConnector":
+        return intree_nixl_plan(model)
+    return build_plan(LaunchOptions(engine="vllm", model=model, served_name="m", port=free_port(),
+                                    engine_args=ENGINE_ARGS, **spec))
+
+
+def intree_nixl_plan(model: str) -> LaunchPlan:
+    """vLLM's own NixlConnector 1P1D behind the same router (it speaks NixlConnector's protocol)."""
+    plan = build_plan(LaunchOptions(engine="vllm", model=model, served_name="m", port=free_port(), prefill=1,
+                                    decode=1, gpus=[0, 1], engine_args=ENGINE_ARGS))
+    for w in plan.workers:
+        kv = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if w.role == "prefill" else "kv_consumer"}
+        i = w.cmd.index("--kv-transfer-config")
+        w.cmd[i + 1] = json.dumps(kv)
+        w.env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+    return plan
+
+
+def complete(url: str, prompt: list[int]) -> dict:
+    body = {"model": "m", "prompt": prompt, "max_tokens": 32, "temperature": 0, "logprobs": 2}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    choice = json.loads(urllib.request.urlopen(req, timeout=300).read())["choices"][0]
+    lp = choice["logprobs"]
+    gaps = []
+    for top in lp["top_logprobs"]:
+        vals = sorted((v for v in (top or {}).values()), reverse=True)
+        gaps.append(vals[0] - vals[1] if len(vals) > 1 else None)
+    return {"text": choice["text"], "tokens": lp["tokens"], "gaps": gaps}
+
+
+def compare(outputs: list[dict], baseline: list[dict]) -> list[dict]:
+    rows = []
+    for out, ref in zip(outputs, baseline):
+        first = next((i for i, (a, b) in enumerate(zip(out["tokens"], ref["tokens"])) if a != b), None)
+        gap = ref["gaps"][first] if first is not None else None
+        rows.append({"equal": out["tokens"] == ref["tokens"], "first_difference": first, "baseline_top2_gap": gap,
+                     "tie": first is not None and gap is not None and gap < TIE})
+    return rows
+
+
+def run_config(name: str, model: str) -> dict:
+    plan = plan_for(name, model)
+    stats_dir = OUT / f"stats-{name}"
+    for w in plan.workers:
+        w.env["PDSDK_STATS_DIR"] = str(stats_dir)
+    sup = Supervisor(plan, OUT / f"logs-{name}", echo=False)
+    record: dict = {"config": name, "commands": [w.cmd for w in plan.processes]}
+    start = time.monotonic()
+    try:
+        sup.start(plan.workers)  # prefill and decode sit on different GPUs: their memory profiling cannot collide
+        sup.wait_healthy(plan.workers, 420)
+        sup.start([plan.router])
+        sup.wait_healthy([plan.router], 60)
+        record["startup_s"] = time.monotonic() - start
+        url = f"http://127.0.0.1:{plan.router.port}"
+        outputs = [complete(url, r.prompt) for r in CHECK]
+        record["outputs"] = outputs
+        if name == "single":
+            KEEP.mkdir(exist_ok=True)
+            (KEEP / "baseline.json").write_text(json.dumps(outputs))
+        if (KEEP / "baseline.json").exists():
+            record["correctness"] = compare(outputs, json.loads((KEEP / "baseline.json").read_text()))
+        load = LoadOptions(url, "m", rate=RATE, warmup=4, seed=1)
+        results, wall, _ = asyncio.run(run_load(load, Workload("random", num_prompts=NUM_PROMPTS, isl=1024, osl=256,
+                                                               vocab=500, seed=1)))
+        record["bench"] = summarize(results, wall)
+        time.sleep(1)
+    except Exception as e:  # noqa: BLE001 - the next configuration still runs
+        record["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        sup.stop()
+    record["stats"] = [json.loads(f.read_text()) for f in stats_dir.glob("*.json")] if stats_dir.exists() else []
+    record["seconds"] = time.monotonic() - start
+    (OUT / f"vllm-{name}.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def line(rec: dict) -> str:
+    b = rec.get("bench")
+    if not b:
+        return f"{rec['config']:16} ERROR {rec.get('error', '')[:300]}"
+    corr = rec.get("correctness") or []
+    eq = sum(c["equal"] for c in corr)
+    ties = sum(c["tie"] for c in corr)
+    path = {s.get("path") for s in rec["stats"] if s.get("path")}
+    return (f"{rec['config']:16} up {rec['startup_s']:5.0f}s  equal {eq}/{len(corr)} (+{ties} ties)  "
+            f"TTFT {b['ttft_ms']['mean']:7.1f}/{b['ttft_ms']['p99']:7.1f}  ITL p99 {b['itl_ms']['p99']:6.1f}  "
+            f"tok/s {b['output_throughput']:7.1f}  err {b['errors']}  {','.join(map(str, path))}")
+
+
+def main() -> None:
+    model, names = sys.argv[1], sys.argv[2:]
+    OUT.mkdir(parents=True, exist_ok=True)
+    unknown = set(names) - set(CONFIGS)
+    if unknown:
+        sys.exit(f"unknown configs {sorted(unknown)}; valid: {', '.join(CONFIGS)}")
+    done = []
+    for name in names:
+        left = BUDGET - (time.monotonic() - T0)
+        if left < MIN_LEFT:
+            print(f"skipped {name}: {left:.0f} s left")
+            continue
+        rec = run_config(name, model)
+        done.append(rec)
+        print(line(rec), flush=True)
+        subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader"])
+    print("\n".join(line(r) for r in done))
+
+
+if __name__ == "__main__":
+    main()
