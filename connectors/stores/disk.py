@@ -1,19 +1,39 @@
-"""`disk`: one file per page under a directory, bounded in bytes, evicted by hint-aware LRU.
+"""`disk`: pages appended to segment files under a directory, bounded in bytes, evicted by
+hint-aware LRU.
 
-A page file is a fixed header (magic, hints, absolute expiry, length, CRC-32 of the payload, the
-full key) followed by the payload. Writes go to a temporary file that is renamed into place, so a
-reader never sees half a page; the checksum catches everything else (a torn write after a power
-cut, a truncated or corrupted file): such a page is a miss plus a log line, and is removed.
-No fsync by default: a cache may lose pages in a crash, it must never return wrong ones.
+Layout: `<path>/<id>.seg` (id: 8 hex digits, increasing), each a run of records
+    header (magic, state, version, hints, absolute expiry, payload length, CRC-32 of the payload,
+            key length, CRC-32 of the header and key) | key | payload
+A put appends its batch to the open segment, a pwritev per chunk of pages, while the pool
+checksums the next chunk: no file is created per page, so a small page costs about what a
+sequential write of it does. A new segment starts once the open one reaches `segment_bytes`.
+The index (key -> segment, offset) is in memory, rebuilt on open by reading the headers,
+oldest segment first, so a reopened store finds its pages in roughly their LRU order.
+
+Crash safety, without fsync: a record is written before the index points at it, and segments
+are append-only. A crash mid-append leaves a torn tail; the scan on open stops at the first record
+that is short or whose header fails its checksum, logs it and cuts the segment there. Every read
+checks the payload's CRC-32 (and the header and key): a damaged or truncated record is a miss plus
+a log line and is dropped, never wrong bytes.
+
+Delete and eviction set the record's state byte to dead in place (it is outside the header
+checksum), so a reopened store does not bring them back; a segment left with no live record is
+unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
+evicts pages in retention.py's order (expired, keep=False, low priority, LRU; never pinned ones),
+then reclaims dead space: empty segments go at once, others are compacted, those with the largest
+dead share first (live records read, the segment unlinked, the records appended again; a crash in
+between loses those pages, which a cache may). A full filesystem is handled the same way, with the
+store's present size as the bound, and the write retried once; what still fails counts an error.
 One process owns a directory (TP ranks: one directory each, or distinct key namespaces).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
+import itertools
 import os
+import re
+import shutil
 import struct
 import threading
 import time
@@ -25,315 +45,625 @@ from pathlib import Path
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
 from pdsdk.connectors.stores.retention import Retention
 
-MAGIC = b"PDKV"
-VERSION = 1
-# magic, version, flags (1 pin, 2 keep), priority, expiry (unix time, 0 none), length, crc32, key length
-HEADER = struct.Struct("<4sBBhdQIH")
+MAGIC = b"PDKS"
+VERSION = 2
+LIVE, DEAD = b"\x01", b"\x00"  # the state byte, right after the magic
+STATE_AT = 4
+# after magic and state: version, flags (1 pin, 2 keep), priority, expiry (unix time, 0 none),
+# payload length, payload crc32, key length; then the crc32 of these fields and the key
+FIELDS = struct.Struct("<BBhdQIH")
+CRC = struct.Struct("<I")
+HEADER_SIZE = 5 + FIELDS.size + CRC.size  # 35 bytes
 PIN, KEEP = 1, 2
-SUFFIX = ".kv"
-BAD = -2  # a damaged page file: a miss, and the file goes
-PARALLEL_BYTES = 1 << 20  # smaller batches: thread hand-offs cost more than they save
+SUFFIX = ".seg"
+SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
+MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
+PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
+CHUNK_MIN = 32 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
+CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
+BAD = -2  # a damaged record: a miss, and the record goes
+
+
+def _header(key: bytes, length: int, crc: int, flags: int, priority: int, expires: float) -> bytes:
+    fields = FIELDS.pack(VERSION, flags, priority, expires, length, crc, len(key))
+    return b"".join((MAGIC, LIVE, fields, CRC.pack(zlib.crc32(key, zlib.crc32(fields))), key))
+
+
+def _parse(head: bytes):
+    """(state, flags, priority, expires, length, crc, key) from a record's first bytes, or None
+    when they are not a whole, intact header and key."""
+    if len(head) < HEADER_SIZE or head[:4] != MAGIC:
+        return None
+    fields = head[5:5 + FIELDS.size]
+    version, flags, priority, expires, length, crc, keylen = FIELDS.unpack(fields)
+    key = bytes(head[HEADER_SIZE:HEADER_SIZE + keylen])
+    if version != VERSION or len(key) != keylen or \
+            CRC.unpack_from(head, 5 + FIELDS.size)[0] != zlib.crc32(key, zlib.crc32(fields)):
+        return None
+    return head[STATE_AT:STATE_AT + 1], flags, priority, expires, length, crc, key
+
+
+def _fitting(sizes: list[int], room: int) -> int:
+    """How many of the leading sizes fit in `room` bytes."""
+    return next((j for j, total in enumerate(itertools.accumulate(sizes)) if total > room), len(sizes))
+
+
+def _pwrite_all(fd: int, parts: list, offset: int) -> None:
+    """pwritev may write less than asked (and takes at most IOV_MAX buffers): go on until done."""
+    parts = [memoryview(p) for p in parts]
+    i = 0
+    while i < len(parts):
+        done = os.pwritev(fd, parts[i:i + 1024], offset)
+        if done <= 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        offset += done
+        while i < len(parts) and done >= len(parts[i]):
+            done -= len(parts[i])
+            i += 1
+        if done:
+            parts[i] = parts[i][done:]
+
+
+class _Shared:
+    """The items of one call, computed by the calling thread and by pool threads helping it:
+    whoever is free takes the next item. A call costs one hand-off per helper and never waits
+    for a helper the OS has not scheduled yet (this machine's two cores are shared): the caller
+    goes on with the items no one has taken. CRC-32 and file I/O release the GIL, so helpers
+    run beside the caller. Without helpers, an item is computed when asked for."""
+
+    _PENDING = object()
+
+    def __init__(self, fn, n: int, pool: ThreadPoolExecutor | None, helpers: int):
+        self.fn, self.n = fn, n
+        self.results: list = [self._PENDING] * n
+        self._next = itertools.count()  # its __next__ is atomic under the GIL
+        helpers = helpers if pool is not None and n > 1 else 0
+        self._done = [threading.Lock() for _ in range(n)] if helpers else None  # held until item i is done
+        for lock in self._done or ():
+            lock.acquire()
+        for _ in range(helpers):
+            pool.submit(self._help)
+
+    def _help(self) -> None:
+        while (i := next(self._next)) < self.n:
+            self._run(i)
+
+    def _run(self, i: int) -> None:
+        try:
+            self.results[i] = self.fn(i)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller by result()
+            self.results[i] = e
+        finally:
+            if self._done:
+                self._done[i].release()
+
+    def stop(self) -> None:
+        """Leave the items no one has taken (the caller does not need them)."""
+        self.n = 0
+
+    def result(self, i: int):
+        """Item i, computing the next free items meanwhile if a helper holds it."""
+        if self._done is None:
+            return self.fn(i)
+        while self.results[i] is self._PENDING:
+            j = next(self._next)
+            if j < self.n:
+                self._run(j)
+            else:
+                self._done[i].acquire()
+        if isinstance(self.results[i], BaseException):
+            raise self.results[i]
+        return self.results[i]
+
+
+class _Segment:
+    __slots__ = ("fd", "id", "live", "path", "readers", "recs", "retired", "size")
+
+    def __init__(self, sid: int, path: Path, fd: int, size: int = 0):
+        self.id, self.path, self.fd, self.size = sid, path, fd, size
+        self.live = 0  # bytes of live records
+        self.recs: dict[bytes, _Rec] = {}  # its live records
+        self.readers = 0  # gets reading it outside the lock: its fd closes when they are done
+        self.retired = False
+
+
+class _Rec:
+    __slots__ = ("off", "seg", "size")
+
+    def __init__(self, seg: _Segment, off: int, size: int):
+        self.seg, self.off, self.size = seg, off, size
 
 
 class DiskStore(Store):
     def __init__(self, name: str = "disk", path: str | os.PathLike = "~/.cache/pdsdk/kv",
-                 capacity_bytes: int = 16 << 30, fsync: bool = False, io_threads: int = 2):
+                 capacity_bytes: int = 16 << 30, fsync: bool = False, io_threads: int = 2,
+                 segment_bytes: int | None = None):
         super().__init__(name)
         self.root = Path(path).expanduser()
         self.capacity_bytes = int(capacity_bytes)
+        # A 32nd of the capacity: reclaiming dead space moves at most that much.
+        self.segment_bytes = int(segment_bytes or max(1, min(MAX_SEGMENT, self.capacity_bytes // 32)))
         self.fsync = fsync
-        self._tmp = self.root / ".tmp"
-        self._lock = threading.Lock()
+        # _wlock: one writer at a time (appends, eviction, compaction); _lock: the index, taken
+        # inside _wlock where both are held, and alone by get/contains/delete.
+        self._wlock = threading.Lock()
+        self._lock = threading.RLock()
         self._retention = Retention()
-        self._reserved = 0  # bytes of pages being written, counted against capacity
-        self._tmp.mkdir(parents=True, exist_ok=True)
-        # CRC-32 and file I/O release the GIL: a batch's pages are checksummed and written (or
-        # read) by a few threads at once, so the checksum hides behind the I/O.
-        self._pool = ThreadPoolExecutor(io_threads, f"pdsdk-{name}-io") if io_threads > 1 else None
-        self._dirs: set[str] = set()
+        self._index: dict[bytes, _Rec] = {}
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None  # the segment puts append to
+        self._disk = 0  # bytes of all segment files
+        self._next_id = 0
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Helpers checksum a put's next chunks while the caller writes (_Shared), and read and
+        # check a large get's pages beside the caller.
+        self._helpers = max(0, io_threads - 1)  # the calling thread is one of the io_threads
+        self._pool = ThreadPoolExecutor(self._helpers, f"pdsdk-{name}-io") if self._helpers else None
         self._reopen()
 
-    # -- layout ---------------------------------------------------------------------------------
-    def _path(self, key: bytes) -> Path:
-        digest = hashlib.blake2b(key, digest_size=20).hexdigest()  # the header holds the full key
-        return self.root / digest[:2] / (digest + SUFFIX)
-
-    def _map(self, fn, *iterables, big: bool = True) -> list:
-        if self._pool is None or not big:
-            return list(map(fn, *iterables))
-        return list(self._pool.map(fn, *iterables))
-
-    @staticmethod
-    def _header(key: bytes, length: int, crc: int, hints: Hints) -> bytes:
-        flags = (PIN if hints.pin else 0) | (KEEP if hints.keep else 0)
-        expires = time.time() + hints.ttl_s if hints.ttl_s is not None else 0.0
-        priority = max(-32768, min(32767, hints.priority))
-        return HEADER.pack(MAGIC, VERSION, flags, priority, expires, length, crc, len(key)) + key
-
+    # -- open -----------------------------------------------------------------------------------
     def _reopen(self) -> None:
-        """Find the pages a previous process left, oldest first, so LRU order survives."""
-        for stale in self._tmp.iterdir():
-            stale.unlink(missing_ok=True)
+        """Index the records a previous process left, oldest segment first."""
+        self._drop_old_layout()
         found = []
-        for sub in self.root.iterdir():
-            if sub.is_dir() and len(sub.name) == 2:
-                for f in sub.iterdir():
-                    if f.suffix == SUFFIX:
-                        found.append(f)
-        entries = []
-        for f in found:
-            meta = self._read_meta(f)
-            if meta is None:
-                log.warning("%s: dropping unreadable page file %s", self.name, f)
-                f.unlink(missing_ok=True)
-            else:
-                entries.append((f.stat().st_mtime, meta))
+        for path in sorted(p for p in self.root.iterdir() if SEGMENT_NAME.fullmatch(p.name)):
+            try:
+                seg = _Segment(int(path.stem, 16), path, os.open(path, os.O_RDWR))
+            except OSError as e:
+                log.warning("%s: cannot open %s: %s", self.name, path, e)
+                continue
+            self._segments[seg.id] = seg
+            self._next_id = seg.id + 1
+            found += self._scan(seg)
+            self._disk += seg.size
         offset = time.monotonic() - time.time()
-        for _, (key, hints, expires, size) in sorted(entries, key=lambda e: e[0]):
+        for key, seg, off, size, flags, priority, expires in found:
+            if key in self._index:  # an older copy whose dead mark a crash lost
+                self._mark_dead(self._unindex(key))
+            self._index_add(key, _Rec(seg, off, size))
+            hints = Hints(priority=priority, pin=bool(flags & PIN), keep=bool(flags & KEEP))
             self._retention.add(key, size, hints, expires=expires + offset if expires else None)
-        if entries:
-            log.info("%s: reopened %s with %d pages", self.name, self.root, len(entries))
+        for seg in list(self._segments.values()):
+            if not seg.recs:
+                self._retire(seg)
+        if self._index:
+            log.info("%s: reopened %s: %d pages in %d segments", self.name, self.root, len(self._index),
+                     len(self._segments))
 
-    @staticmethod
-    def _read_meta(path: Path):
+    def _scan(self, seg: _Segment) -> list[tuple]:
+        """The live records of a segment, reading headers only (payloads are checked on read).
+        A record that is cut short or whose header is damaged ends the segment there."""
+        size = os.fstat(seg.fd).st_size
+        off, found = 0, []
+        while off < size:
+            head = os.pread(seg.fd, HEADER_SIZE + 64, off)
+            if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
+                head = os.pread(seg.fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
+            rec = _parse(head)
+            end = off + HEADER_SIZE + len(rec[6]) + rec[4] if rec else size + 1
+            if end > size:
+                log.warning("%s: %s has a torn or damaged record at offset %d: cut there (%d bytes dropped)",
+                            self.name, seg.path, off, size - off)
+                self._record_error()
+                try:
+                    os.ftruncate(seg.fd, off)
+                except OSError as e:
+                    log.warning("%s: cannot cut %s: %s", self.name, seg.path, e)
+                    off = size  # the garbage stays counted, and nothing is appended after it
+                break
+            state, flags, priority, expires, _length, _crc, key = rec
+            if state == LIVE:
+                found.append((key, seg, off, end - off, flags, priority, expires))
+            off = end
+        seg.size = off
+        return found
+
+    def _drop_old_layout(self) -> None:
+        """Remove page files of the one-file-per-page layout (before segments), if any."""
+        old = list(self.root.glob("[0-9a-f][0-9a-f]/" + "[0-9a-f]" * 40 + ".kv"))
+        for f in old:
+            f.unlink(missing_ok=True)
+        for d in {f.parent for f in old}:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        shutil.rmtree(self.root / ".tmp", ignore_errors=True)
+        if old:
+            log.info("%s: removed %d page files of the old file-per-page layout", self.name, len(old))
+
+    # -- segments and the index (callers hold _lock) ---------------------------------------------
+    def _index_add(self, key: bytes, rec: _Rec) -> None:
+        self._index[key] = rec
+        rec.seg.recs[key] = rec
+        rec.seg.live += rec.size
+
+    def _unindex(self, key: bytes) -> _Rec | None:
+        rec = self._index.pop(key, None)
+        if rec is not None:
+            del rec.seg.recs[key]
+            rec.seg.live -= rec.size
+        return rec
+
+    def _forget(self, key: bytes, mark: bool = True) -> None:
+        """Drop a page: its index entry, its record (marked dead on disk), its segment once empty."""
+        self._retention.remove(key)
+        rec = self._unindex(key)
+        if rec is None:
+            return
+        seg = rec.seg
+        if not seg.recs and seg is not self._active:
+            self._retire(seg)
+            return
+        if mark:
+            self._mark_dead(rec)
+
+    def _mark_dead(self, rec: _Rec) -> None:
+        """Set a record's state byte to dead, so that a reopened store skips it."""
         try:
-            with open(path, "rb") as f:
-                head = f.read(HEADER.size)
-                magic, version, flags, prio, expires, length, _crc, keylen = HEADER.unpack(head)
-                key = f.read(keylen)
-                size = os.fstat(f.fileno()).st_size
-        except (OSError, struct.error):
-            return None
-        if magic != MAGIC or version != VERSION or len(key) != keylen or size != HEADER.size + keylen + length:
-            return None
-        hints = Hints(priority=prio, pin=bool(flags & PIN), keep=bool(flags & KEEP))
-        return key, hints, expires, size
+            os.pwrite(rec.seg.fd, DEAD, rec.off + STATE_AT)
+        except OSError as e:  # it only comes back after a restart
+            log.warning("%s: cannot mark a record dead in %s: %s", self.name, rec.seg.path, e)
+
+    def _retire(self, seg: _Segment) -> None:
+        """Unlink a segment (its records are gone from the index or are being moved)."""
+        for key in list(seg.recs):
+            self._unindex(key)
+        del self._segments[seg.id]
+        if seg is self._active:
+            self._active = None
+        self._disk -= seg.size
+        seg.retired = True
+        seg.path.unlink(missing_ok=True)
+        if not seg.readers:
+            os.close(seg.fd)
+
+    def _open_segment(self) -> _Segment:
+        path = self.root / f"{self._next_id:08x}{SUFFIX}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        if self.fsync:
+            dfd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        with self._lock:
+            seg = _Segment(self._next_id, path, fd)
+            self._next_id += 1
+            self._segments[seg.id] = seg
+            old, self._active = self._active, seg
+            if old is not None and not old.recs:
+                self._retire(old)
+        return seg
+
+    def _append(self, parts: list, nbytes: int) -> tuple[_Segment, int]:
+        """(_wlock held) Write records at the end of the open segment, starting a new one when it
+        is full: (segment, offset). Raises OSError, after cutting off what was partly written."""
+        seg = self._active
+        if seg is None or seg.size >= self.segment_bytes:
+            seg = self._open_segment()
+        off = seg.size
+        try:
+            _pwrite_all(seg.fd, parts, off)
+            if self.fsync:
+                os.fdatasync(seg.fd)
+        except OSError:
+            try:
+                os.ftruncate(seg.fd, off)
+            except OSError:
+                with self._lock:  # nothing more goes after the garbage
+                    self._active = None
+                    seg.size = os.fstat(seg.fd).st_size
+                    self._disk += seg.size - off
+            raise
+        with self._lock:
+            seg.size += nbytes
+            self._disk += nbytes
+        return seg, off
+
+    # -- room -----------------------------------------------------------------------------------
+    def _make_room(self, extra: int, protect, limit: int) -> tuple[bool, list, list]:
+        """(both locks held) Evict and reclaim until `extra` more bytes fit under `limit`:
+        (fits, victims, [(key, page, hints)] to demote). Frees what it can when it cannot."""
+        demote: list = []
+        over = self._disk + extra - limit
+        if over <= 0 or extra > limit:  # fits already, or never will
+            return over <= 0, [], demote
+        dead = self._disk - self._retention.used
+        victims = self._retention.victims(max(over - dead, 0), protect)
+        for v in victims:
+            rec = self._index.get(v.key)
+            if rec is not None and self._demote is not None and v.hints is not None:
+                buf = bytearray(rec.size - HEADER_SIZE - len(v.key))
+                if self._read(v.key, rec, memoryview(buf)) >= 0:
+                    demote.append((v.key, buf, v.hints))
+            self._forget(v.key)
+        # Reclaim: empty segments went with their last record; compact the rest, emptiest first.
+        for seg in sorted((s for s in self._segments.values() if s.live < s.size),
+                          key=lambda s: s.live / s.size):
+            if self._disk + extra <= limit:
+                break
+            if not seg.retired:  # a compaction may have retired an empty open segment
+                self._compact(seg)
+        return self._disk + extra <= limit, victims, demote
+
+    def _compact(self, seg: _Segment) -> None:
+        """(both locks held) Move a segment's live records to the open segment, then unlink it;
+        the records are held in memory in between, so this needs no room on disk."""
+        moving = []
+        for key, rec in sorted(seg.recs.items(), key=lambda kv: kv[1].off):
+            data = os.pread(seg.fd, rec.size, rec.off)
+            if len(data) == rec.size:
+                moving.append((key, data))  # checked when read, like any record
+            else:
+                self._retention.remove(key)
+                log.warning("%s: %s is truncated; a page is lost", self.name, seg.path)
+        self._retire(seg)
+        for i in range(0, len(moving), CHUNK_RECORDS):
+            part = moving[i:i + CHUNK_RECORDS]
+            sizes = [len(d) for _, d in part]
+            try:
+                into, off = self._append([d for _, d in part], sum(sizes))
+            except OSError as e:
+                self._record_error()
+                log.warning("%s: compaction lost %d pages: %s", self.name, len(part), e)
+                for key, _ in part:
+                    self._retention.remove(key)
+                continue
+            for (key, _), size in zip(part, sizes):
+                self._index_add(key, _Rec(into, off, size))
+                off += size
+
+    def _after_evict(self, victims: list, demote: list) -> None:
+        self._report_evictions(victims)
+        if self._demote is not None:
+            for key, page, hints in demote:
+                self._demote(key, memoryview(page), hints)
 
     # -- put ------------------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
-        """Three phases: room for the batch, in order (never evicting the batch itself); the files,
-        in parallel; then renames into place and index entries, in order, so LRU order is the
-        batch's order. A page that finds no room cuts the batch: later pages would be unreachable."""
+        """Room for the batch (never evicting the batch itself); then its records, chunk by chunk,
+        checksummed by the pool ahead of the writes, each chunk indexed once written, so LRU
+        order is the batch's order. A page that finds no room cuts the batch: later pages would
+        be unreachable."""
         hints = hints or Hints()
         keys = [bytes(k) for k in keys[: len(pages)]]
         views = [byte_view(p) for p in pages[: len(keys)]]
         batch = set(keys)
+        todo, seen = [], set()
         with self._lock:
-            known = [k in self._retention and not self._retention.expired(k) for k in keys]
-        sizes = [HEADER.size + len(k) + len(v) for k, v in zip(keys, views)]
-        todo = []
-        for i, key in enumerate(keys):
-            if known[i]:
-                continue  # content-addressed: a stored key holds the same bytes
-            if not self._reserve(sizes[i], batch):
-                log.warning("%s: no room for a %d-byte page (capacity %d, rest pinned)", self.name, sizes[i],
-                            self.capacity_bytes)
-                break
-            todo.append(i)
-        files = self._map(lambda i: self._write(keys[i], views[i], hints, sizes[i], batch), todo,
-                          big=len(todo) > 1 and sum(sizes) >= PARALLEL_BYTES)
-        ok = dict.fromkeys(range(len(keys)), False)
-        with self._lock:
-            for i, tmp in zip(todo, files):
-                self._reserved -= sizes[i]
-                if tmp is not None:
-                    try:
-                        os.replace(tmp, self._path(keys[i]))
-                        self._retention.add(keys[i], sizes[i], hints)
-                        ok[i] = True
-                    except OSError as e:
-                        os.unlink(tmp)
-                        self._record_error()
-                        log.warning("%s: cannot rename a page into place: %s", self.name, e)
-        stored = next((i for i in range(len(keys)) if not (known[i] or ok[i])), len(keys))
-        self._record_put(stored, sum(len(views[i]) for i in range(stored) if ok[i]))
+            for i, key in enumerate(keys):
+                # content-addressed: a stored key holds the same bytes
+                if key not in seen and (key not in self._index or self._retention.expired(key)):
+                    todo.append(i)
+                seen.add(key)
+        sizes = [HEADER_SIZE + len(keys[i]) + len(views[i]) for i in todo]
+        chunks = self._chunks(sizes)
+        crcs = _Shared(lambda c: [zlib.crc32(views[todo[j]]) for j in range(*chunks[c])], len(chunks),
+                       self._pool, self._helpers if sum(sizes) >= PARALLEL_BYTES else 0)
+        written = set()
+        try:
+            with self._wlock:
+                with self._lock:
+                    want = _fitting(sizes, self.capacity_bytes)  # more never fits
+                    _, victims, demote = self._make_room(sum(sizes[:want]), batch, self.capacity_bytes)
+                    n = _fitting(sizes, self.capacity_bytes - self._disk)
+                self._after_evict(victims, demote)
+                if n < len(todo):
+                    log.warning("%s: no room for %d of %d pages (capacity %d, the rest pinned or in this batch)",
+                                self.name, len(todo) - n, len(keys), self.capacity_bytes)
+                flags = (PIN if hints.pin else 0) | (KEEP if hints.keep else 0)
+                priority = max(-32768, min(32767, hints.priority))
+                expires = time.time() + hints.ttl_s if hints.ttl_s is not None else 0.0
+                for c, (a, b) in enumerate(chunks):
+                    b = min(b, n)
+                    if b <= a:
+                        break
+                    sums = crcs.result(c)
+                    parts = []
+                    for j in range(a, b):
+                        i = todo[j]
+                        parts += (_header(keys[i], len(views[i]), sums[j - a], flags, priority, expires), views[i])
+                    placed = self._write_chunk(parts, sum(sizes[a:b]), batch)
+                    if placed is None:
+                        break
+                    seg, off = placed
+                    with self._lock:
+                        for j in range(a, b):
+                            key = keys[todo[j]]
+                            if key in self._index:  # an expired copy, or a concurrent put's
+                                self._forget(key)
+                            self._index_add(key, _Rec(seg, off, sizes[j]))
+                            self._retention.add(key, sizes[j], hints)
+                            written.add(todo[j])
+                            off += sizes[j]
+        finally:
+            crcs.stop()
+        todo_set = set(todo)
+        stored = next((i for i in range(len(keys)) if i in todo_set and i not in written), len(keys))
+        self._record_put(stored, sum(len(views[i]) for i in written if i < stored))
         return stored
 
-    def _reserve(self, size: int, batch: set[bytes]) -> bool:
-        with self._lock:
-            need = self._retention.used + self._reserved + size - self.capacity_bytes
-            victims = self._retention.victims(max(need, 0), batch)
-            moved = self._evict(victims)
-            ok = self._retention.used + self._reserved + size <= self.capacity_bytes
-            if ok:
-                self._reserved += size
-        self._after_evict(victims, moved)
-        return ok
+    def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
+        """Split a batch into runs of pages written by one pwritev each: an eighth of the batch,
+        at least CHUNK_MIN, so that helpers checksum the next runs while one is written."""
+        target = min(self.segment_bytes, max(CHUNK_MIN, sum(sizes) // 8))
+        out, start, acc = [], 0, 0
+        for j, s in enumerate(sizes):
+            acc += s
+            if acc >= target or j + 1 - start >= CHUNK_RECORDS:
+                out.append((start, j + 1))
+                start, acc = j + 1, 0
+        if start < len(sizes):
+            out.append((start, len(sizes)))
+        return out
 
-    def _evict(self, victims) -> list:
-        """Remove victims' files (caller holds the lock). With a demotion sink, live victims are
-        moved aside instead, to be read and handed down outside the lock."""
-        moved = []
-        for v in victims:
-            path = self._path(v.key)
-            if self._demote is not None and v.hints is not None:
-                aside = self._tmp / f"{path.name}.demote.{threading.get_ident()}"
-                try:
-                    os.replace(path, aside)
-                    moved.append((v, aside))
-                    continue
-                except OSError:
-                    pass
-            path.unlink(missing_ok=True)
-        return moved
-
-    def _after_evict(self, victims, moved) -> None:
-        self._report_evictions(victims)
-        for v, aside in moved:
-            try:
-                buf = bytearray(v.nbytes)
-                n = self._read_file(aside, v.key, memoryview(buf))
-                if n >= 0:
-                    self._demote(v.key, memoryview(buf)[:n], v.hints)
-            finally:
-                aside.unlink(missing_ok=True)
-
-    def _write(self, key: bytes, view: memoryview, hints: Hints, size: int, batch: set[bytes]) -> str | None:
-        """Checksum and write one page to a temporary file; its path, or None on failure."""
-        header = self._header(key, len(view), zlib.crc32(view), hints)
-        final = self._path(key)
-        tmp = str(self._tmp / f"{final.name}.{threading.get_ident()}")
-        if final.parent.name not in self._dirs:
-            final.parent.mkdir(exist_ok=True)
-            self._dirs.add(final.parent.name)
+    def _write_chunk(self, parts: list, nbytes: int, batch: set) -> tuple[_Segment, int] | None:
+        """(_wlock held) Append a chunk; on a full filesystem, free twice its size and retry once."""
         for attempt in (1, 2):
             try:
-                self._write_file(tmp, header, view)
-                return tmp
+                return self._append(parts, nbytes)
             except OSError as e:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
                 full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-                if not full or attempt == 2 or not self._free_for(size, batch):
-                    self._record_error()
-                    log.warning("%s: cannot write a page to %s: %s", self.name, self.root, e)
-                    return None
+                if full and attempt == 1:
+                    with self._lock:  # the filesystem holds no more than we have now
+                        freed, victims, demote = self._make_room(min(2 * nbytes, self._disk), batch, self._disk)
+                    self._after_evict(victims, demote)
+                    if victims or freed:
+                        continue
+                self._record_error()
+                log.warning("%s: cannot write %d bytes of pages to %s: %s", self.name, nbytes, self.root, e)
+                return None
         return None
-
-    def _write_file(self, tmp: str, header: bytes, view: memoryview) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            parts = [memoryview(header), view]
-            while parts:  # writev may write less than asked; go on from where it stopped
-                done = os.writev(fd, parts)
-                while parts and done >= len(parts[0]):
-                    done -= len(parts.pop(0))
-                if parts:
-                    parts[0] = parts[0][done:]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _free_for(self, size: int, batch: set[bytes]) -> bool:
-        """The filesystem is full before our capacity is: evict to make room for one page."""
-        with self._lock:
-            victims = self._retention.victims(2 * size, batch)
-            moved = self._evict(victims)
-        self._after_evict(victims, moved)
-        return bool(victims)
 
     # -- get ------------------------------------------------------------------------------------
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
         keys = [bytes(k) for k in keys]
-        alive = 0
-        for key in keys[: len(out)]:
-            if not self._alive(key, touch=True):
-                break
-            alive += 1
-        views = [byte_view(b) for b in out[:alive]]
-        got = self._map(self._read_into, keys[:alive], views,
-                        big=alive > 1 and sum(len(v) for v in views) >= PARALLEL_BYTES)
+        recs = []
+        with self._lock:
+            for key in keys[: len(out)]:
+                rec = self._alive(key, touch=True)
+                if rec is None:
+                    break
+                recs.append(rec)
+            segs = {rec.seg.id: rec.seg for rec in recs}.values()
+            for seg in segs:
+                seg.readers += 1
+        try:
+            views = [byte_view(b) for b in out[: len(recs)]]
+            reads = _Shared(lambda i: self._read(keys[i], recs[i], views[i]), len(recs), self._pool,
+                            self._helpers if sum(r.size for r in recs) >= PARALLEL_BYTES else 0)
+            got = [reads.result(i) for i in range(len(recs))]
+        finally:
+            with self._lock:
+                for seg in segs:
+                    seg.readers -= 1
+                    if seg.retired and not seg.readers:
+                        os.close(seg.fd)
         hits = next((i for i, n in enumerate(got) if n < 0), len(got))
-        nbytes = sum(got[:hits])
-        self._record_get(hits, len(keys), nbytes)
+        bad = [(keys[i], recs[i]) for i, n in enumerate(got) if n == BAD]
+        if bad:
+            self._drop_bad(bad)
+        self._record_get(hits, len(keys), sum(got[:hits]))
         return hits
 
-    def _alive(self, key: bytes, touch: bool) -> bool:
-        with self._lock:
-            if key not in self._retention:
-                return False
-            if self._retention.expired(key):
-                self._forget(key)
-                self._record_evict(1, 0, "ttl")
-                return False
-            if touch:
-                self._retention.touch(key)
-            return True
+    def _alive(self, key: bytes, touch: bool) -> _Rec | None:
+        """(_lock held) The page's record, or None when absent or expired (then dropped)."""
+        rec = self._index.get(key)
+        if rec is None:
+            return None
+        if self._retention.expired(key):
+            self._forget(key)
+            self._record_evict(1, 0, "ttl")
+            return None
+        if touch:
+            self._retention.touch(key)
+        return rec
 
-    def _read_into(self, key: bytes, view: memoryview) -> int:
-        """Read a page into `view` and verify it; returns its length, or -1 for a miss."""
-        n = self._read_file(self._path(key), key, view)
-        if n == BAD:
-            with self._lock:
-                self._forget(key)
-        return max(n, -1)
-
-    def _read_file(self, path: Path, key: bytes, view: memoryview) -> int:
-        """Read and verify one page file into `view`: its length, -1 (absent, too big) or BAD."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # evicted or deleted by a concurrent call
+    def _read(self, key: bytes, rec: _Rec, view: memoryview) -> int:
+        """Read a record's payload into `view` and verify it: its length, -1 (does not fit) or BAD."""
+        length = rec.size - HEADER_SIZE - len(key)
+        if length > len(view):
+            log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, length, len(view))
             return -1
-        except OSError as e:
-            return self._bad(key, f"cannot open {path}: {e}")
+        head = bytearray(HEADER_SIZE + len(key))
+        target = view[:length]
+        where = f"{rec.seg.path} (record at offset {rec.off})"
         try:
-            head = os.pread(fd, HEADER.size + len(key), 0)
-            if len(head) < HEADER.size:
-                return self._bad(key, f"{path} is truncated")
-            magic, version, _f, _p, _e, length, crc, keylen = HEADER.unpack_from(head)
-            if magic != MAGIC or version != VERSION or head[HEADER.size:] != key:
-                return self._bad(key, f"{path} has a bad header")
-            if length > len(view):
-                log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, length, len(view))
-                return -1
-            target = view[:length]
-            got = os.preadv(fd, [target], HEADER.size + keylen)
-            if got != length:
-                return self._bad(key, f"{path} is truncated ({got} of {length} bytes)")
-            if zlib.crc32(target) != crc:
-                return self._bad(key, f"{path} fails its checksum")
-            return length
+            got = os.preadv(rec.seg.fd, [head, target], rec.off)
         except OSError as e:
-            return self._bad(key, f"cannot read {path}: {e}")
-        finally:
-            os.close(fd)
+            return self._bad(f"cannot read {where}: {e}")
+        if got != rec.size:
+            return self._bad(f"{where} is truncated ({got} of {rec.size} bytes)")
+        parsed = _parse(head)
+        if parsed is None or parsed[6] != key or parsed[4] != length:
+            return self._bad(f"{where} has a bad header")
+        if zlib.crc32(target) != parsed[5]:
+            return self._bad(f"{where} fails its checksum")
+        return length
 
-    def _bad(self, key: bytes, why: str) -> int:
-        log.warning("%s: %s; treated as a miss and removed", self.name, why)
+    def _bad(self, why: str) -> int:
+        log.warning("%s: %s; treated as a miss and dropped", self.name, why)
         self._record_error()
         return BAD
 
-    def _forget(self, key: bytes) -> None:
-        """Remove a page's file and index entry (caller holds the lock)."""
-        self._retention.remove(key)
-        self._path(key).unlink(missing_ok=True)
+    def _drop_bad(self, bad: list) -> None:
+        """Drop damaged records. A record whose bytes are all there gets a fresh dead header, so
+        that a later scan can step over it; a segment cut short loses every record from the
+        first one past its end, and is cut there too (appends go on from a record boundary)."""
+        with self._wlock, self._lock:  # _wlock: a put may be appending to that segment
+            for key, rec in bad:
+                if self._index.get(key) is not rec:
+                    continue  # stored again or dropped meanwhile
+                seg = rec.seg
+                try:
+                    size = os.fstat(seg.fd).st_size
+                except OSError:
+                    size = seg.size
+                if size < seg.size:
+                    cut = min(r.off for r in seg.recs.values() if r.off + r.size > size)
+                    for k, r in list(seg.recs.items()):
+                        if r.off >= cut:
+                            self._forget(k, mark=False)
+                    if not seg.retired:
+                        try:
+                            os.ftruncate(seg.fd, cut)
+                        except OSError:
+                            cut = size
+                            if seg is self._active:
+                                self._active = None  # nothing more goes after the torn record
+                        self._disk -= seg.size - cut
+                        seg.size = cut
+                elif self._index.get(key) is rec:
+                    self._forget(key, mark=False)
+                    if not seg.retired:
+                        self._bury(key, rec)
+
+    def _bury(self, key: bytes, rec: _Rec) -> None:
+        """Overwrite a damaged record's header and key with intact ones, marked dead."""
+        head = _header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
+        try:
+            os.pwrite(rec.seg.fd, head[:STATE_AT] + DEAD + head[STATE_AT + 1:], rec.off)
+        except OSError as e:
+            log.warning("%s: cannot mark a damaged record dead in %s: %s", self.name, rec.seg.path, e)
 
     # -- the rest -------------------------------------------------------------------------------
     def contains(self, keys: Sequence[bytes]) -> int:
         n = 0
-        for key in keys:
-            if not self._alive(bytes(key), touch=False):
-                break
-            n += 1
+        with self._lock:
+            for key in keys:
+                if self._alive(bytes(key), touch=False) is None:
+                    break
+                n += 1
         return n
 
     def delete(self, keys: Sequence[bytes]) -> int:
         present = 0
         with self._lock:
             for key in map(bytes, keys):
-                if key in self._retention:
+                if key in self._index:
                     self._forget(key)
                     present += 1
         return present
 
     def close(self) -> None:
+        """Stop the pool and close the segment files; the pages stay for the next open."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        with self._wlock, self._lock:
+            for seg in self._segments.values():
+                seg.retired = True
+                if not seg.readers:
+                    os.close(seg.fd)
+            self._segments.clear()
+            self._index.clear()
+            self._retention = Retention()
+            self._active = None
+            self._disk = 0
 
     def stats(self) -> dict:
         with self._lock:
-            used, pages = self._retention.used, len(self._retention)
-        return {**super().stats(), "used_bytes": used, "pages": pages, "capacity_bytes": self.capacity_bytes,
-                "path": str(self.root)}
+            used, pages, disk, segments = self._retention.used, len(self._index), self._disk, len(self._segments)
+        return {**super().stats(), "used_bytes": used, "pages": pages, "disk_bytes": disk, "segments": segments,
+                "capacity_bytes": self.capacity_bytes, "path": str(self.root)}

@@ -1,18 +1,16 @@
-"""Backends failing under the stores: they answer misses and log, never raise, never lie."""
+"""Backends failing under the stores: they answer misses and log, never raise, never lie.
+
+The disk store's damage, crash and full-filesystem tests are in test_disk.py."""
 
 from __future__ import annotations
 
-import logging
 import os
-import subprocess
 import time
 
 import pytest
 from stores.servers import free_port, mooncake_options, start_mooncake_master, start_redis
 
 from helpers import eventually, read_pages
-
-from pdsdk.connectors.stores.disk import DiskStore
 
 PAGE = 4096
 
@@ -23,83 +21,6 @@ def pages(n, size=PAGE):
 
 def keys(n, salt):
     return [f"{salt}-{i}".encode().ljust(32, b".") for i in range(n)]
-
-
-
-
-# -- disk ---------------------------------------------------------------------------------------
-def test_disk_reopen_finds_pages_and_hints(tmp_path):
-    ks, ps = keys(4, "reopen"), pages(4)
-    with DiskStore(path=tmp_path, capacity_bytes=6 * (PAGE + 256)) as s:
-        s.put(ks[:2], ps[:2])
-        from pdsdk.connectors.stores.base import Hints
-        s.put(ks[2:], ps[2:], Hints(pin=True))
-    with DiskStore(path=tmp_path, capacity_bytes=6 * (PAGE + 256)) as s:
-        assert read_pages(s, ks, PAGE) == (4, ps)
-        s.put(keys(6, "churn"), pages(6))
-        assert s.contains(ks[2:]) == 2  # still pinned after the restart
-
-
-@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header"])
-def test_disk_damaged_page_is_a_miss_and_a_log_line(tmp_path, caplog, damage):
-    ks, ps = keys(3, "bad"), pages(3)
-    s = DiskStore(path=tmp_path)
-    s.put(ks, ps)
-    victim = s._path(ks[1])
-    data = bytearray(victim.read_bytes())
-    if damage == "flip":
-        data[-100] ^= 0x01
-    elif damage == "truncate":
-        data = data[:-1]
-    elif damage == "empty":
-        data = bytearray()
-    else:
-        data[0:4] = b"XXXX"
-    victim.write_bytes(data)
-    with caplog.at_level(logging.WARNING, logger="pdsdk.stores"):
-        hits, got = read_pages(s, ks, PAGE)
-    assert (hits, got) == (1, ps[:1])  # page 0 only: never the damaged bytes
-    assert any(str(victim) in r.getMessage() for r in caplog.records)
-    assert not victim.exists() and s.contains(ks) == 1
-    assert s.stats()["errors"] >= 1
-    s.put(ks[1:], ps[1:])  # the page can be stored again
-    assert read_pages(s, ks, PAGE) == (3, ps)
-
-
-def test_disk_damaged_file_found_on_reopen_is_dropped(tmp_path):
-    ks, ps = keys(2, "reopen-bad"), pages(2)
-    with DiskStore(path=tmp_path) as s:
-        s.put(ks, ps)
-        victim = s._path(ks[0])
-    victim.write_bytes(victim.read_bytes()[:10])
-    with DiskStore(path=tmp_path) as s:
-        assert s.contains(ks) == 0 and s.contains(ks[1:]) == 1
-
-
-@pytest.fixture
-def tiny_fs(tmp_path):
-    """A 1 MiB tmpfs: a real filesystem that fills up. Mounting needs root."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_disk_full_filesystem_evicts_and_never_raises(tiny_fs):
-    s = DiskStore(path=tiny_fs, capacity_bytes=64 << 20)  # our bound is far above the filesystem's
-    ks, ps = keys(80, "full"), pages(80, 64 << 10)  # 5 MiB into 1 MiB
-    for k, p in zip(ks, ps):
-        s.put([k], [p])
-    stats = s.stats()
-    assert stats["errors"] >= 1 or stats["evictions"] >= 1
-    survivors = [i for i, k in enumerate(ks) if s.contains([k])]
-    assert survivors and survivors[-1] == 79  # making room kept the newest page
-    for i in survivors:
-        assert read_pages(s, [ks[i]], 64 << 10) == (1, [ps[i]])
-    s.close()
 
 
 # -- redis --------------------------------------------------------------------------------------
