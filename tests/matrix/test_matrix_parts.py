@@ -1,0 +1,135 @@
+"""`pdsdk matrix` without an engine: the cell grid, the correctness check, the chaos judge, merging
+results files into per-tier doc sections, and the HTML report (rendered by headless Chromium)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from matrix.browser import assert_renders, chromium
+from matrix.fake_results import VERSIONS, record
+from helpers import REQUIRE_ALL, run_cli
+
+from pdsdk.errors import ConfigError
+from pdsdk.matrix import cells as C
+from pdsdk.matrix import correctness, report_html, report_md
+from pdsdk.matrix.faults import judge
+from pdsdk.matrix.loadgen import Result
+from pdsdk.matrix.results import by_tier
+
+
+def test_grid_names_and_skips():
+    cells = C.grid(["vllm"], ["single", "1P1D", "2p1d"], ["nixl", "local"], ["none", "memory"], [1, 2])
+    ids = [c.id for c in cells]
+    assert len(ids) == len(set(ids))
+    assert "vllm/single/-/none" in ids and "vllm/1P1D/nixl/memory" in ids and "vllm/2P1D/local/none/tp2" in ids
+    assert sum(c.prefill == 0 for c in cells) == 4  # single: stores x TP only, no transport
+    tp2 = next(c for c in cells if c.tp == 2 and c.prefill == 2)
+    assert "GPUs" in C.why_not(tp2, None) and C.why_not(tp2, [0, 1, 2, 3, 4, 5]) == ""
+    assert "--gpus gave 2" in C.why_not(tp2, [0, 1])
+    assert "store" in C.why_not(next(c for c in cells if c.prefill == 0 and c.store == "memory"), None)
+    assert "SGLang" in C.why_not(C.Cell("sglang", 1, 1, "nixl"), None)
+    assert "unknown" in C.why_not(C.Cell("vllm", 1, 1, "carrier-pigeon"), None).lower()
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(ConfigError, match="--topologies"):
+        C.parse_topology("1P0D")
+    with pytest.raises(ConfigError, match="--stores.*valid"):
+        C.split("none,floppy", "--stores", C.STORES)
+    done = run_cli("matrix", "--transports", "", "--list")
+    assert done.returncode == 2 and "--transports" in done.stderr
+
+
+def test_list_shows_seed_layouts_and_reasons():
+    done = run_cli("matrix", "--preset", "ci", "--seed-tables", "--list")
+    assert done.returncode == 0, done.stderr
+    assert "vllm/1P1D/local/memory" in done.stderr and "seed:vllm/single/-/none/tp2" in done.stderr
+    assert "TP=2 needs GPUs" in done.stderr
+
+
+def test_compare_finds_the_first_differing_token():
+    expected = {0: [1, 2, 3, 4], 1: [5, 6, 7], 2: [9, 9]}
+    same = correctness.compare(expected, {0: [1, 2, 3, 4], 1: [5, 6, 7], 2: [9, 9]})
+    assert same["ok"] and same["equal"] == 3 and same["by"] == "token_ids"
+    diff = correctness.compare(expected, {0: [1, 2, 3, 4], 1: [5, 8, 7], 2: [9, 9]})
+    assert not diff["ok"] and diff["equal"] == 2 and diff["mismatches"][0]["index"] == 1
+    assert diff["mismatches"][0]["position"] == 1
+    missing = correctness.compare(expected, {0: [1, 2, 3, 4]}, errors=["HTTP 502"])
+    assert not missing["ok"] and missing["errors"] == ["HTTP 502"]
+    assert correctness.compare(expected, {1: [0]}, exact=False)["ok"] is False  # still incomplete
+    assert correctness.compare({1: [5]}, {1: [0]}, exact=False)["ok"]  # FP8 KV: differences allowed
+
+
+def test_chaos_judge_counts_lost_wrong_and_late():
+    def res(i, ok=True, ids=(1, 2), e2e=1.0, error=""):
+        return Result(ok, 10, 2, 0.1, e2e, index=i, token_ids=list(ids), error=error)
+
+    expected = {0: [1, 2], 1: [1, 2], 2: [1, 2], 3: [1, 2]}
+    out = judge([res(0), res(1, ids=(1, 3)), res(2, e2e=50.0), res(3, ok=False, error="HTTP 503")], expected, 30)
+    assert (out["completed"], out["lost"], out["wrong"], out["late"]) == (3, 1, 1, 1)
+    assert out["wrong_indexes"] == [1] and out["lost_reasons"] == ["HTTP 503"]
+
+
+def test_markdown_sections_merge_per_tier(tmp_path):
+    doc = tmp_path / "matrix.md"
+    doc.write_text("# Title\n\nHand-written intro stays.\n")
+    report_md.update_doc(doc, [record("cpu")])
+    text = doc.read_text()
+    assert "Hand-written intro stays." in text and "<!-- pdsdk-matrix:cpu begin -->" in text
+    assert "`vllm/1P1D/nixl/none`" in text and "**failed**" in text and "Results 3: prefix cache" in text
+    assert "#### Chaos run" in text and "**0 / 0 / 0**" in text and "RuntimeError: boom" in text
+    report_md.update_doc(doc, [record("gpu-h200")])  # another tier joins; cpu stays
+    report_md.update_doc(doc, [record("cpu", date="2026-02-02T00:00:00")])  # cpu replaced in place
+    text = doc.read_text()
+    assert text.count("<!-- pdsdk-matrix:cpu begin -->") == 1 and "<!-- pdsdk-matrix:gpu-h200 begin -->" in text
+    assert "2026-02-02" in text and "2026-01-01T00:00:00: " in text  # the gpu section kept its date
+    assert text.index("pdsdk-matrix:cpu begin") < text.index("pdsdk-matrix:gpu-h200 begin")
+
+
+def test_compat_lists_versions_per_cell(tmp_path):
+    doc = tmp_path / "compat.md"
+    report_md.update_compat(doc, [record("cpu")])
+    text = doc.read_text()
+    assert "| cell | result | vllm | sglang | torch | nixl | mooncake |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `vllm/1P1D/nixl/none`"))
+    assert VERSIONS["vllm"] in row and VERSIONS["nixl"] in row and "works" in row
+    assert "**fails**" in text and "not run" in text
+
+
+def test_merge_keeps_the_later_file_per_cell():
+    a, b = record("cpu"), record("cpu", date="2026-03-03")
+    b["cells"] = [c for c in b["cells"] if c["id"] == "vllm/1P1D/nixl/none"]
+    b["cells"][0]["status"] = "failed"
+    tier = by_tier([a, b])["cpu"]
+    assert len(tier["cells"]) == len(a["cells"]) and len(tier["runs"]) == 2
+    assert next(c for c in tier["cells"] if c["key"] == "vllm/1P1D/nixl/none")["status"] == "failed"
+
+
+def test_report_command_merges_files(tmp_path):
+    for tier in ("cpu", "gpu"):
+        (tmp_path / f"{tier}.json").write_text(json.dumps(record(tier)))
+    done = run_cli("matrix", "report", str(tmp_path / "cpu.json"), str(tmp_path / "gpu.json"),
+                   "--md", str(tmp_path / "m.md"), "--compat-md", str(tmp_path / "c.md"),
+                   "--html", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr
+    assert "pdsdk-matrix:gpu begin" in (tmp_path / "m.md").read_text()
+    assert "pdsdk-matrix:cpu begin" in (tmp_path / "c.md").read_text()
+    bad = run_cli("matrix", "report", str(tmp_path / "m.md"))
+    assert bad.returncode == 2 and "matrix result" in bad.stderr
+
+
+def test_html_is_self_contained_with_plots(tmp_path):
+    page = report_html.render([record("cpu")])
+    assert page.count("<svg") == 3 and "<table class=\"cells\">" in page
+    for external in ("src=", "<link", 'href="http', "url(http", "@import"):
+        assert external not in page  # nothing is fetched: XML namespace URIs are names, not requests
+    assert "vllm/1P1D/local/memory" in page and "TTFT CDF" in page
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    exe = chromium()
+    if exe is None:
+        (pytest.fail if REQUIRE_ALL else pytest.skip)("chromium is not installed (make apt installs it)")
+    path = report_html.write([record("cpu")], tmp_path / "report.html")
+    assert_renders(exe, path, min_cells=4)
