@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 log = logging.getLogger("pdsdk.connectors.transports.nccl")
@@ -25,7 +26,7 @@ class Op:
     op: str
     pair: Pair
     notify: bytes | None
-    tag: int = -1
+    tag: int = -1  # the first chunk's; chunk i moves under tag + i
     staging: Any = None  # pooled buffer behind the contiguous tensor, returned on release
     future: Future | None = None  # the waiter: done when our half (and any scatter) is done
     ack: tuple[bool, str | None] | None = None  # the acceptor's word: WRITE landed, or its half failed
@@ -52,6 +53,25 @@ class Pair:
     @property
     def peer_rank(self) -> int:
         return 1 - self.rank
+
+    def take_tags(self, n: int) -> int:
+        """n consecutive tags, one per chunk of a transfer; the first one names the transfer."""
+        first = next(self.tags)
+        self.tags = itertools.count(first + n)
+        return first
+
+
+def chunk_bounds(spans: np.ndarray, chunk_bytes: int) -> list[int]:
+    """Row indices [0, ..., len(spans)] cutting spans into chunks of about chunk_bytes each.
+
+    Scattered transfers move chunk by chunk so that packing one chunk overlaps moving the previous
+    one. Rows are never cut here (split_spans does that first); a row longer than chunk_bytes is a
+    chunk of its own. One chunk when chunk_bytes is 0 or the spans are one run."""
+    if chunk_bytes <= 0 or len(spans) < 2:
+        return [0, len(spans)]
+    ends = np.cumsum(spans[:, 2])
+    cuts = np.searchsorted(ends, np.arange(chunk_bytes, int(ends[-1]), chunk_bytes), side="right")
+    return sorted({0, *cuts.tolist(), len(spans)})
 
 
 class Serial:
