@@ -4,9 +4,9 @@ hint-aware LRU.
 Layout: `<path>/<id>.seg` (id: 8 hex digits, increasing), each a run of records
     header (magic, state, version, hints, absolute expiry, payload length, CRC-32 of the payload,
             key length, CRC-32 of the header and key) | key | payload
-A put appends its batch to the open segment, a pwritev per chunk of pages, while the pool
-checksums the next chunk: no file is created per page, so a small page costs about what a
-sequential write of it does. A new segment starts once the open one reaches `segment_bytes`.
+A put appends its batch to the open segment, a pwritev per chunk of pages, while helper threads
+checksum the next chunks (_Shared): a page costs a checksum and a copy into the page cache, not a
+file create and rename. A new segment starts once the open one reaches `segment_bytes`.
 The index (key -> segment, offset) is in memory, rebuilt on open by reading the headers,
 oldest segment first, so a reopened store finds its pages in roughly their LRU order.
 
@@ -25,10 +25,12 @@ dead share first (live records read, the segment unlinked, the records appended 
 between loses those pages, which a cache may). A full filesystem is handled the same way, with the
 store's present size as the bound, and the write retried once; what still fails counts an error.
 One process owns a directory (TP ranks: one directory each, or distinct key namespaces).
+More in docs/stores.md, "Disk layout".
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -59,7 +61,7 @@ SUFFIX = ".seg"
 SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
-CHUNK_MIN = 32 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
+CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
 CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
 BAD = -2  # a damaged record: a miss, and the record goes
 
@@ -83,6 +85,15 @@ def _parse(head: bytes):
     return head[STATE_AT:STATE_AT + 1], flags, priority, expires, length, crc, key
 
 
+def _as_buffer(page: Buffer) -> memoryview:
+    """A page as a memoryview for crc32 and pwritev (any contiguous buffer will do, which is
+    cheaper than byte_view's cast); byte_view for what does not export one (torch tensors)."""
+    try:
+        return memoryview(page)
+    except TypeError:
+        return byte_view(page)
+
+
 def _fitting(sizes: list[int], room: int) -> int:
     """How many of the leading sizes fit in `room` bytes."""
     return next((j for j, total in enumerate(itertools.accumulate(sizes)) if total > room), len(sizes))
@@ -90,18 +101,17 @@ def _fitting(sizes: list[int], room: int) -> int:
 
 def _pwrite_all(fd: int, parts: list, offset: int) -> None:
     """pwritev may write less than asked (and takes at most IOV_MAX buffers): go on until done."""
-    parts = [memoryview(p) for p in parts]
-    i = 0
+    parts, i = list(parts), 0  # the caller's list stays whole, for a retry
     while i < len(parts):
         done = os.pwritev(fd, parts[i:i + 1024], offset)
         if done <= 0:
             raise OSError(errno.EIO, "pwritev wrote nothing")
         offset += done
-        while i < len(parts) and done >= len(parts[i]):
-            done -= len(parts[i])
+        while i < len(parts) and done >= memoryview(parts[i]).nbytes:
+            done -= memoryview(parts[i]).nbytes
             i += 1
         if done:
-            parts[i] = parts[i][done:]
+            parts[i] = memoryview(parts[i]).cast("B")[done:]
 
 
 class _Shared:
@@ -236,9 +246,15 @@ class DiskStore(Store):
         size = os.fstat(seg.fd).st_size
         off, found = 0, []
         while off < size:
-            head = os.pread(seg.fd, HEADER_SIZE + 64, off)
-            if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
-                head = os.pread(seg.fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
+            try:
+                head = os.pread(seg.fd, HEADER_SIZE + 64, off)
+                if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
+                    head = os.pread(seg.fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
+            except OSError as e:  # keep what was found; nothing is appended to an old segment
+                log.warning("%s: cannot read %s at offset %d: %s", self.name, seg.path, off, e)
+                self._record_error()
+                off = size
+                break
             rec = _parse(head)
             end = off + HEADER_SIZE + len(rec[6]) + rec[4] if rec else size + 1
             if end > size:
@@ -262,12 +278,11 @@ class DiskStore(Store):
         """Remove page files of the one-file-per-page layout (before segments), if any."""
         old = list(self.root.glob("[0-9a-f][0-9a-f]/" + "[0-9a-f]" * 40 + ".kv"))
         for f in old:
-            f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                f.unlink(missing_ok=True)
         for d in {f.parent for f in old}:
-            try:
+            with contextlib.suppress(OSError):
                 d.rmdir()
-            except OSError:
-                pass
         shutil.rmtree(self.root / ".tmp", ignore_errors=True)
         if old:
             log.info("%s: removed %d page files of the old file-per-page layout", self.name, len(old))
@@ -285,18 +300,22 @@ class DiskStore(Store):
             rec.seg.live -= rec.size
         return rec
 
-    def _forget(self, key: bytes, mark: bool = True) -> None:
-        """Drop a page: its index entry, its record (marked dead on disk), its segment once empty."""
+    def _forget(self, key: bytes) -> _Rec | None:
+        """Drop a page from the index, and its segment once empty: its record, if it was there."""
         self._retention.remove(key)
         rec = self._unindex(key)
-        if rec is None:
-            return
-        seg = rec.seg
-        if not seg.recs and seg is not self._active:
-            self._retire(seg)
-            return
-        if mark:
-            self._mark_dead(rec)
+        if rec is not None and not rec.seg.recs and rec.seg is not self._active:
+            self._retire(rec.seg)
+        return rec
+
+    def _drop(self, keys) -> int:
+        """Forget pages and mark their records dead on disk (those whose segment is still there,
+        after all the keys: a delete of whole segments writes nothing); how many were stored."""
+        recs = [rec for rec in map(self._forget, keys) if rec is not None]
+        for rec in recs:
+            if not rec.seg.retired:
+                self._mark_dead(rec)
+        return len(recs)
 
     def _mark_dead(self, rec: _Rec) -> None:
         """Set a record's state byte to dead, so that a reopened store skips it."""
@@ -314,7 +333,10 @@ class DiskStore(Store):
             self._active = None
         self._disk -= seg.size
         seg.retired = True
-        seg.path.unlink(missing_ok=True)
+        try:
+            seg.path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("%s: cannot remove %s: %s", self.name, seg.path, e)
         if not seg.readers:
             os.close(seg.fd)
 
@@ -377,7 +399,7 @@ class DiskStore(Store):
                 buf = bytearray(rec.size - HEADER_SIZE - len(v.key))
                 if self._read(v.key, rec, memoryview(buf)) >= 0:
                     demote.append((v.key, buf, v.hints))
-            self._forget(v.key)
+        self._drop(v.key for v in victims)
         # Reclaim: empty segments went with their last record; compact the rest, emptiest first.
         for seg in sorted((s for s in self._segments.values() if s.live < s.size),
                           key=lambda s: s.live / s.size):
@@ -392,12 +414,17 @@ class DiskStore(Store):
         the records are held in memory in between, so this needs no room on disk."""
         moving = []
         for key, rec in sorted(seg.recs.items(), key=lambda kv: kv[1].off):
-            data = os.pread(seg.fd, rec.size, rec.off)
+            try:
+                data = os.pread(seg.fd, rec.size, rec.off)
+            except OSError as e:
+                data = str(e)
             if len(data) == rec.size:
                 moving.append((key, data))  # checked when read, like any record
             else:
                 self._retention.remove(key)
-                log.warning("%s: %s is truncated; a page is lost", self.name, seg.path)
+                self._record_error()
+                log.warning("%s: cannot read a record to move from %s (%s); the page is lost", self.name,
+                            seg.path, data if isinstance(data, str) else "truncated")
         self._retire(seg)
         for i in range(0, len(moving), CHUNK_RECORDS):
             part = moving[i:i + CHUNK_RECORDS]
@@ -427,8 +454,8 @@ class DiskStore(Store):
         order is the batch's order. A page that finds no room cuts the batch: later pages would
         be unreachable."""
         hints = hints or Hints()
-        keys = [bytes(k) for k in keys[: len(pages)]]
-        views = [byte_view(p) for p in pages[: len(keys)]]
+        keys = [k if type(k) is bytes else bytes(k) for k in keys[: len(pages)]]
+        views = [_as_buffer(p) for p in pages[: len(keys)]]
         batch = set(keys)
         todo, seen = [], set()
         with self._lock:
@@ -437,11 +464,11 @@ class DiskStore(Store):
                 if key not in seen and (key not in self._index or self._retention.expired(key)):
                     todo.append(i)
                 seen.add(key)
-        sizes = [HEADER_SIZE + len(keys[i]) + len(views[i]) for i in todo]
+        sizes = [HEADER_SIZE + len(keys[i]) + views[i].nbytes for i in todo]
         chunks = self._chunks(sizes)
         crcs = _Shared(lambda c: [zlib.crc32(views[todo[j]]) for j in range(*chunks[c])], len(chunks),
                        self._pool, self._helpers if sum(sizes) >= PARALLEL_BYTES else 0)
-        written = set()
+        written = 0  # how many of todo are stored, in order
         try:
             with self._wlock:
                 with self._lock:
@@ -463,7 +490,7 @@ class DiskStore(Store):
                     parts = []
                     for j in range(a, b):
                         i = todo[j]
-                        parts += (_header(keys[i], len(views[i]), sums[j - a], flags, priority, expires), views[i])
+                        parts += (_header(keys[i], views[i].nbytes, sums[j - a], flags, priority, expires), views[i])
                     placed = self._write_chunk(parts, sum(sizes[a:b]), batch)
                     if placed is None:
                         break
@@ -472,22 +499,21 @@ class DiskStore(Store):
                         for j in range(a, b):
                             key = keys[todo[j]]
                             if key in self._index:  # an expired copy, or a concurrent put's
-                                self._forget(key)
+                                self._drop([key])
                             self._index_add(key, _Rec(seg, off, sizes[j]))
                             self._retention.add(key, sizes[j], hints)
-                            written.add(todo[j])
                             off += sizes[j]
+                        written = b
         finally:
             crcs.stop()
-        todo_set = set(todo)
-        stored = next((i for i in range(len(keys)) if i in todo_set and i not in written), len(keys))
-        self._record_put(stored, sum(len(views[i]) for i in written if i < stored))
+        stored = todo[written] if written < len(todo) else len(keys)  # the others were there already
+        self._record_put(stored, sum(views[i].nbytes for i in todo[:written]))
         return stored
 
     def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
-        """Split a batch into runs of pages written by one pwritev each: an eighth of the batch,
+        """Split a batch into runs of pages written by one pwritev each: a quarter of the batch,
         at least CHUNK_MIN, so that helpers checksum the next runs while one is written."""
-        target = min(self.segment_bytes, max(CHUNK_MIN, sum(sizes) // 8))
+        target = min(self.segment_bytes, max(CHUNK_MIN, sum(sizes) // 4))
         out, start, acc = [], 0, 0
         for j, s in enumerate(sizes):
             acc += s
@@ -553,7 +579,7 @@ class DiskStore(Store):
         if rec is None:
             return None
         if self._retention.expired(key):
-            self._forget(key)
+            self._drop([key])
             self._record_evict(1, 0, "ttl")
             return None
         if touch:
@@ -604,7 +630,7 @@ class DiskStore(Store):
                     cut = min(r.off for r in seg.recs.values() if r.off + r.size > size)
                     for k, r in list(seg.recs.items()):
                         if r.off >= cut:
-                            self._forget(k, mark=False)
+                            self._forget(k)
                     if not seg.retired:
                         try:
                             os.ftruncate(seg.fd, cut)
@@ -615,7 +641,7 @@ class DiskStore(Store):
                         self._disk -= seg.size - cut
                         seg.size = cut
                 elif self._index.get(key) is rec:
-                    self._forget(key, mark=False)
+                    self._forget(key)
                     if not seg.retired:
                         self._bury(key, rec)
 
@@ -638,13 +664,8 @@ class DiskStore(Store):
         return n
 
     def delete(self, keys: Sequence[bytes]) -> int:
-        present = 0
         with self._lock:
-            for key in map(bytes, keys):
-                if key in self._index:
-                    self._forget(key)
-                    present += 1
-        return present
+            return self._drop(map(bytes, keys))
 
     def close(self) -> None:
         """Stop the pool and close the segment files; the pages stay for the next open."""
