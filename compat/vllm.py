@@ -45,3 +45,25 @@ def engine_host() -> str:
     import os
 
     return os.environ.get("PDSDK_HOST") or os.environ.get("VLLM_HOST_IP") or "127.0.0.1"
+
+
+def connector_metrics() -> tuple[type, type | None]:
+    """vLLM's `KVConnectorStats` base (connector stats reach vLLM's stat loggers through it) and its
+    `KVConnectorPromMetrics` base (per-connector Prometheus metrics, `build_prom_metrics`), or None
+    where this vLLM has no per-connector Prometheus hook. Both live in kv_connector/v1/metrics.py
+    in every supported version (0.26-0.33); a vLLM without them gets a plain stand-in, so the
+    connector still loads and its stats simply go nowhere."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1 import metrics
+    except ImportError:  # pragma: no cover - older than any supported vLLM
+        metrics = None
+    stats = getattr(metrics, "KVConnectorStats", None)
+    if stats is None:  # pragma: no cover
+        from dataclasses import dataclass, field
+
+        @dataclass
+        class _Stats:
+            data: dict = field(default_factory=dict)
+
+        stats = _Stats
+    return stats, getattr(metrics, "KVConnectorPromMetrics", None)

@@ -1,4 +1,4 @@
-"""PdsdkConnector: vLLM's KVConnectorBase_V1 over any pdsdk transport (and, later, store).
+"""PdsdkConnector: vLLM's KVConnectorBase_V1 over any pdsdk transport and store.
 
 vLLM builds one instance per role: SCHEDULER in the EngineCore process, WORKER in each worker
 process; each delegates to its half (scheduler.py, worker.py). The pdsdk config is
@@ -91,6 +91,28 @@ class PdsdkConnector(KVConnectorBase_V1):
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         self._scheduler.set_handshakes(metadata)
+
+    # --- stats (vLLM's connector stats: logged as "KV Transfer metrics", and vllm:pdsdk_* on /metrics) ---
+
+    def get_kv_connector_stats(self) -> Any:
+        """This step's numbers (worker: transfers and store I/O; scheduler: shared-store lookups), or None."""
+        side = self._worker or self._scheduler
+        return side.stats.take() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        from pdsdk.adapters.vllm.stats import PdsdkStats
+
+        return PdsdkStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
+        from pdsdk.adapters.vllm.stats import PdsdkPromMetrics
+
+        if PdsdkPromMetrics is None:
+            return None
+        return PdsdkPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         for side in (self._scheduler, self._worker):

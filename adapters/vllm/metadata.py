@@ -40,9 +40,11 @@ class PdsdkMetadata(KVConnectorMetadata):
 
 @dataclass
 class PdsdkHandshake(KVConnectorHandshakeMetadata):
-    """One worker's transport descriptor and the byte geometry of its KV cache, per layer."""
+    """One worker's transport descriptor (empty without a transport), the byte geometry of its KV cache
+    per layer, and the key namespace of its store pages (a KeySpace as a dict; None without a store)."""
 
     tp_rank: int
     descriptor: bytes
     geometry: list[list[int]]  # per layer: [planes, plane_stride, block_stride, block_bytes]
+    store_keyspace: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

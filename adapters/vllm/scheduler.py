@@ -15,7 +15,8 @@ from typing import Any
 
 from pdsdk.adapters.side_channel import SideChannelServer
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive, StorePages
-from pdsdk.adapters.vllm.store_path import StoreIndex
+from pdsdk.adapters.vllm.stats import StatsRecorder
+from pdsdk.adapters.vllm.store_path import StoreIndex, StoreLookup, shared_spec
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
 
@@ -38,6 +39,10 @@ class SchedulerSide:
         self._send: dict[str, float] = {}
         # Store path: what the workers saved, and per request what is loaded or saved so far.
         self.store_index = StoreIndex() if config.store is not None else None
+        self.stats = StatsRecorder()
+        shared = shared_spec(config.store)
+        self.store_lookup = StoreLookup(shared, self.stats) if shared is not None else None
+        self._lookups: dict[str, tuple[int, int]] = {}  # request -> (first block, hits): one lookup per request
         self._requests: dict[str, Any] = {}
         self._blocks: dict[str, list[int]] = {}
         self._stored: dict[str, int] = {}  # request -> full blocks already in the store
@@ -50,9 +55,20 @@ class SchedulerSide:
 
     def set_handshakes(self, metadata: dict[int, PdsdkHandshake]) -> None:
         for rank, meta in metadata.items():
-            self.side_channel.entries[rank] = {"descriptor": meta.descriptor, "geometry": meta.geometry,
-                                               "tp_rank": rank, "engine_id": self.engine_id}
-        log.info("pdsdk: side channel %s:%d serves %d worker(s)", self.host, self.side_channel.port, len(metadata))
+            if meta.descriptor:
+                self.side_channel.entries[rank] = {"descriptor": meta.descriptor, "geometry": meta.geometry,
+                                                   "tp_rank": rank, "engine_id": self.engine_id}
+        if self.side_channel.entries:
+            log.info("pdsdk: side channel %s:%d serves %d worker(s)", self.host, self.side_channel.port,
+                     len(self.side_channel.entries))
+        keyspaces = [meta.store_keyspace for _, meta in sorted(metadata.items())
+                     if getattr(meta, "store_keyspace", None)]
+        if self.store_lookup is not None and keyspaces:
+            from pdsdk.connectors.stores.keys import KeySpace
+
+            self.store_lookup.set_keyspaces([KeySpace(**k) for k in keyspaces])
+            log.info("pdsdk: prefix lookups in the shared store %s (%d key namespace(s))",
+                     self.store_lookup.spec.name, len(self.store_lookup.keyspaces))
 
     # --- decode side ---------------------------------------------------------------------------
 
@@ -70,14 +86,28 @@ class SchedulerSide:
         self._requests[request.request_id] = request
         first = num_computed_tokens // self.block_size
         last = (request.num_prompt_tokens - 1) // self.block_size  # vLLM computes at least one token
-        hits = self.store_index.hit_prefix(list(request.block_hashes[first:last]))
+        hits = self._store_prefix(request.request_id, first, list(request.block_hashes[first:last]))
         if hits:
             self._store_hits[request.request_id] = (first, hits)
             return hits * self.block_size, True
         return 0, False
 
+    def _store_prefix(self, request_id: str, first: int, hashes: list[bytes]) -> int:
+        """Blocks of `hashes` in the store: what this engine saved (its index), then what the shared store
+        holds beyond that (asked once per request and first block; vLLM may ask again while it waits)."""
+        hits = self.store_index.hit_prefix(hashes)
+        if self.store_lookup is None or hits == len(hashes):
+            return hits
+        memo = self._lookups.get(request_id)
+        if memo is not None and memo[0] == first:
+            return max(hits, memo[1])
+        found = hits + self.store_lookup.hit_prefix(hashes[hits:])
+        self._lookups[request_id] = (first, found)
+        return found
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         params = request.kv_transfer_params
+        self._lookups.pop(request.request_id, None)
         hit = self._store_hits.pop(request.request_id, None)
         if hit is not None and num_external_tokens > 0:
             first, n = hit
@@ -110,7 +140,7 @@ class SchedulerSide:
     # --- prefill side --------------------------------------------------------------------------
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        for table in (self._requests, self._blocks, self._stored, self._store_hits, self._pd_first):
+        for table in (self._requests, self._blocks, self._stored, self._store_hits, self._pd_first, self._lookups):
             table.pop(request.request_id, None)
         params = request.kv_transfer_params
         if not params:
@@ -169,6 +199,8 @@ class SchedulerSide:
 
     def shutdown(self) -> None:
         self.side_channel.close()
+        if self.store_lookup is not None:
+            self.store_lookup.close()
 
 
 def _flat(block_ids: Any) -> list[int]:

@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pdsdk.adapters.side_channel import fetch
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
+from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
 from pdsdk.kv import KVLayout, Region
@@ -79,13 +81,15 @@ class WorkerSide:
         self.geometry: list[list[int]] = []
         self._views: list[Any] = []
         self._peers: dict[tuple[str, int], tuple[Any, list[list[int]]]] = {}
-        self._loading: dict[str, tuple[int, list[int]]] = {}  # request -> (transfer handle, local blocks)
+        self._loading: dict[str, tuple[int, list[int], int, float]] = {}  # request -> (handle, blocks, bytes, start)
         self._received: set[str] = set()
         self._load_errors: set[int] = set()
         self._sending: dict[str, float] = {}  # request -> lease expiry
         self._read: dict[str, float] = {}  # request -> when the peer said it read it
         self._finished: set[str] = set()
         self.store_io: Any = None
+        self.keyspace: Any = None  # the store's key namespace, published to the scheduler in the handshake
+        self.stats = StatsRecorder()  # this step's numbers for vLLM's connector stats
         self._stopped = threading.Event()
 
     # --- start-up ------------------------------------------------------------------------------
@@ -108,7 +112,8 @@ class WorkerSide:
             from pdsdk.adapters.vllm.store_path import StoreIO
             from pdsdk.connectors.stores.keys import KeySpace
 
-            self.store_io = StoreIO(self.config.store, KeySpace.for_layout(model.model, layout), tensors, self.geometry)
+            self.keyspace = KeySpace.for_layout(model.model, layout)
+            self.store_io = StoreIO(self.config.store, self.keyspace, tensors, self.geometry, self.stats)
         spec = self.config.transport
         if spec is None:
             return
@@ -121,9 +126,13 @@ class WorkerSide:
                  self.transport.path(), layout.fingerprint())
 
     def handshake(self) -> PdsdkHandshake | None:
-        if self.transport is None:
+        """The transport descriptor (for PD peers, through the side channel) and the store key namespace
+        (for the scheduler's lookups in a shared store): None when this engine has neither."""
+        if self.transport is None and self.keyspace is None:
             return None
-        return PdsdkHandshake(tp_rank=self.tp_rank, descriptor=self.transport.descriptor(), geometry=self.geometry)
+        return PdsdkHandshake(tp_rank=self.tp_rank, descriptor=self.transport.descriptor() if self.transport else b"",
+                              geometry=self.geometry,
+                              store_keyspace=msgspec.structs.asdict(self.keyspace) if self.keyspace else None)
 
     # --- every step ----------------------------------------------------------------------------
 
@@ -146,13 +155,15 @@ class WorkerSide:
             if r.lease_expiry is not None and time.time() > r.lease_expiry - 1.0:
                 raise TimeoutError("the prefill's lease on these blocks has expired")
             peer, geometry = self._peer(r)
-            handle = self.transport.read(peer, block_spans(r.local_block_ids, self.geometry),
-                                         block_spans(r.remote_block_ids, geometry),
+            local = block_spans(r.local_block_ids, self.geometry)
+            start = time.monotonic()
+            handle = self.transport.read(peer, local, block_spans(r.remote_block_ids, geometry),
                                          notify=READ_NOTE + r.request_id.encode())
-            self._loading[request_id] = (handle, r.local_block_ids)
+            self._loading[request_id] = (handle, r.local_block_ids, int(local[:, 2].sum()), start)
         except Exception as e:  # noqa: BLE001 - a failed load is recomputed or failed by vLLM, never raised
             log.error("pdsdk: KV load for request %s from %s failed: %s: %s", request_id, r.engine_id,
                       type(e).__name__, e)
+            self.stats.add(transfer_failures=1)
             self._fail(request_id, r.local_block_ids)
 
     def _peer(self, r: Receive) -> tuple[Any, list[list[int]]]:
@@ -178,18 +189,21 @@ class WorkerSide:
         if self.transport is None:
             received, self._received = self._received, set()
             return None, received or None
-        for request_id, (handle, blocks) in list(self._loading.items()):
+        for request_id, (handle, blocks, nbytes, start) in list(self._loading.items()):
             status = self.transport.poll(handle)
             if not status.final:
                 continue
             del self._loading[request_id]
             self.transport.release(handle)
             if status.state == "done":
+                self.stats.add(transfers=1, transfer_bytes=nbytes)
+                self.stats.time("transfer_seconds", time.monotonic() - start)
                 if os.environ.get(CORRUPT_ENV) == "1":
                     self._corrupt(blocks)
                 self._received.add(request_id)
             else:
                 log.error("pdsdk: KV load for request %s failed: %s", request_id, status.reason)
+                self.stats.add(transfer_failures=1)
                 self._fail(request_id, blocks)
         now = time.time()
         for _, note in self.transport.notifications():
