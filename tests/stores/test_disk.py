@@ -11,10 +11,11 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 from helpers import read_pages
 from pdsdk.connectors.stores.base import Hints
-from pdsdk.connectors.stores.disk import HEADER_SIZE, DiskStore
+from pdsdk.connectors.stores.disk import HEADER_SIZE, DiskStore, _checksum
 
 PAGE = 4096
 RECORD = HEADER_SIZE + 32 + PAGE  # a page's bytes in a segment (32-byte keys)
@@ -109,6 +110,61 @@ def test_damaged_record_is_a_miss_and_a_log_line(tmp_path, caplog, kind):
     s.close()
     with DiskStore(path=tmp_path) as s:  # and found again after a restart
         assert read_pages(s, ks, PAGE) == (3, ps)
+
+
+BIG = (64 << 10) + 100  # checked by block sums (disk._checksum), with a tail past the last 4 KiB block
+
+
+@pytest.mark.parametrize("kind", ["flip", "swap blocks", "zero a block", "tail", "three words"])
+def test_large_page_damage_is_caught(tmp_path, caplog, kind):
+    ks, ps = keys(2, "big"), pages(2, BIG)
+    s = DiskStore(path=tmp_path)
+    s.put(ks, ps)
+    seg, off, size = where(s, ks[1])
+    start = off + size - BIG  # the payload
+    page = bytearray(ps[1])
+    if kind == "flip":
+        page[5000] ^= 0x80
+    elif kind == "swap blocks":
+        page[4096:8192], page[8192:12288] = page[8192:12288], page[4096:8192]
+    elif kind == "zero a block":
+        page[12288:16384] = bytes(4096)
+    elif kind == "tail":
+        page[-1] ^= 1
+    else:  # three words, two in one block and two at one word position: all the sums must see
+        words = np.frombuffer(bytes(page[:8192]), "<u8").copy()
+        words[[0, 1, 512]] ^= np.uint64(1)
+        page[:8192] = words.tobytes()
+    damage(seg, start, bytes(page))
+    with caplog.at_level(logging.WARNING, logger="pdsdk.stores"):
+        assert read_pages(s, ks, BIG) == (1, ps[:1])
+    assert any("checksum" in r.getMessage() for r in caplog.records)
+    s.close()
+
+
+def test_block_sums_see_every_single_bit_flip_and_block_move():
+    page = bytearray(os.urandom(BIG))
+    base = _checksum(memoryview(page))
+    rng = np.random.default_rng(0)
+    for bit in rng.choice(len(page) * 8, 300, replace=False):
+        page[bit // 8] ^= 1 << (bit % 8)
+        assert _checksum(memoryview(page)) != base
+        page[bit // 8] ^= 1 << (bit % 8)
+    assert _checksum(memoryview(page)) == base
+    blocks = [page[i:i + 4096] for i in range(0, 16 * 4096, 4096)]
+    moved = b"".join(blocks[1:] + blocks[:1]) + page[16 * 4096:]
+    assert _checksum(memoryview(moved)) != base
+    assert _checksum(memoryview(bytes(BIG))) != _checksum(memoryview(bytes(BIG - 8)))
+    # A numpy page of another dtype is checked as its bytes.
+    arr = np.frombuffer(bytes(page), np.float16)
+    assert _checksum(memoryview(arr)) == base
+    # What the sums do not see (documented): four words whose changes cancel in both their
+    # blocks and their word positions.
+    words = np.zeros(BIG // 8, "<u8")
+    words[[1, 512]] = 1
+    before = _checksum(memoryview(words.tobytes()))
+    words[[0, 1, 512, 513]] ^= np.uint64(1)  # +1 -1 in block 0, -1 +1 in block 1
+    assert _checksum(memoryview(words.tobytes())) == before
 
 
 def test_payload_damage_found_after_reopen(tmp_path, caplog):
