@@ -132,9 +132,10 @@ def grid(engines: list[str], topologies: list[str], transports: list[str], store
 def seed_cells(engine: str, transport: str, low: Phase, high: Phase, prefix: Phase) -> list[Cell]:
     """The seed article's layouts (Results 1-3 and 5; Results 4 is Results 1-2 with a 32B --model):
     single vs TP=2 vs PD 1P1D at low and high load, the prefix cache cold / warm / after a flush,
-    chunked prefill off and FP8 KV against the single engine."""
+    chunked prefill off and FP8 KV against the single engine. Cells with the same launch share one start
+    (the runner groups them), so the cold phase starts from a flushed cache too."""
     two = [low, high]
-    cache = [Phase("cold", **_same(prefix)), Phase("warm", **_same(prefix)),
+    cache = [Phase("cold", **_same(prefix), flush_before=True), Phase("warm", **_same(prefix)),
              Phase("flush", **_same(prefix), flush_before=True)]
     return [Cell(engine, 0, 1, None, phases=two, group="seed"),
             Cell(engine, 0, 1, None, tp=2, phases=two, group="seed"),

@@ -71,3 +71,24 @@ def router_metrics(url: str) -> dict[str, dict[str, float]]:
 def collect(stats_dir: Path, router_url: str) -> dict[str, Any]:
     stats = worker_stats(stats_dir)
     return {**summarize_workers(stats), "router": router_metrics(router_url), "per_worker": stats}
+
+
+PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def prefix_cache_counters(worker_urls: list[str]) -> dict[str, float]:
+    """Prompt tokens the workers looked up in their prefix cache and found, summed (vLLM's /metrics)."""
+    out = {"queries": 0.0, "hits": 0.0}
+    for url in worker_urls:
+        m = _scrape(url, PREFIX_CACHE)
+        out["queries"] += sum(m.get(PREFIX_CACHE[0], {}).values())
+        out["hits"] += sum(m.get(PREFIX_CACHE[1], {}).values())
+    return out
+
+
+def _scrape(url: str, keep: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5) as resp:
+            return parse_prometheus(resp.read().decode(errors="replace"), keep)
+    except OSError:
+        return {}

@@ -113,6 +113,9 @@ def _metric(cell: dict | None, label: str, key: str, sub: str | None) -> str:
     if p is None:
         return "failed" if cell["status"] == "failed" else "-"
     s = p["summary"]
+    if key == "cache_hit":
+        rate = (p.get("prefix_cache") or {}).get("hit_rate")
+        return "-" if rate is None else f"{rate * 100:.0f}%"
     if key == "itl_max":
         values = [x for r in p.get("requests", []) if r["ok"] for x in r["itl_ms"]]
         return _f(max(values)) if values else "-"
@@ -144,7 +147,8 @@ def seed_tables(cells: list[dict]) -> str:
                 + (f" ({p['describe']})" if p else ""), ""]
         rows = [[name] + [_metric(cache, lab, key, sub) for lab in ("cold", "warm", "flush")]
                 for name, key, sub in (("Mean TTFT ms", "ttft_ms", "mean"), ("P99 TTFT ms", "ttft_ms", "p99"),
-                                       ("Max ITL ms", "itl_max", None))]
+                                       ("Max ITL ms", "itl_max", None),
+                                       ("prefix cache hits (prompt tokens)", "cache_hit", None))]
         out += [table(["metric", "cold", "warm", "flush"], rows), ""]
     chunk, fp8 = _seed_cell(seed, "single", variant="chunked-off"), _seed_cell(seed, "single", variant="fp8-kv")
     out += ["Results 5: ablations on the single engine (low load)", ""]
@@ -170,6 +174,16 @@ def faults_section(f: dict[str, Any] | None) -> str:
                    str(f.get("late")), verdict, _f(f.get("router_retries"), 0)]]), ""]
     if f.get("error"):
         out += [f"Run error: {_escape(f['error'])}", ""]
+    if f.get("lost_reasons"):
+        out += ["Lost requests: " + "; ".join(f"`{_escape(r)[:160]}`" for r in f["lost_reasons"]), ""]
+    for w in f.get("wrong_examples") or []:
+        out += [f"Wrong output: request {w['index']} differs from token {w['position']} "
+                f"(lengths {w['lengths'][0]} vs {w['lengths'][1]}): expected `{w['expected']}`, got `{w['got']}`", ""]
+    t = f.get("transfer") or {}
+    if t:
+        out += [f"Transfers during the run: {t.get('transfers')} done, {t.get('failed')} failed"
+                + (f" ({', '.join(f'{k}: {v}' for k, v in t['failures'].items())})" if t.get("failures") else "")
+                + f"; store: {', '.join(f'{k} {v}' for k, v in (f.get('store') or {}).items() if k in ('hits', 'misses', 'puts', 'errors'))}.", ""]
     if f.get("events"):
         out += ["Fault timeline (s from the start of the load): "
                 + "; ".join(f"{e['t']:.0f} {e['kind']} {e['target']}" + (f" ({e['note']})" if e.get("note") else "")

@@ -29,7 +29,7 @@ from pdsdk.launch.plan import LaunchOptions, LaunchPlan, ProcessSpec, build_plan
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.matrix import correctness
 from pdsdk.matrix.cells import Cell, Phase
-from pdsdk.matrix.collect import collect
+from pdsdk.matrix.collect import collect, prefix_cache_counters
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import Workload
 
@@ -257,84 +257,115 @@ class Runner:
         for engine in dict.fromkeys(c.engine for c in cells if not c.skip):
             plain = [c for c in cells if c.engine == engine and not c.skip and is_plain(c)]
             if not plain:
-                self.run_cell(self.baseline_cell(engine), baseline=True)
-        ordered = sorted(cells, key=lambda c: (c.skip != "", not is_plain(c)))  # the plain cell first
-        for cell in ordered:
-            self.run_cell(cell, baseline=is_plain(cell) and cell.engine not in self.baselines)
+                self.run_group([self.baseline_cell(engine)], baseline=True)
+        for cell in (c for c in cells if c.skip):
+            self._done(new_record(cell))
+        groups: dict[tuple, list[Cell]] = {}
+        for cell in sorted((c for c in cells if not c.skip), key=lambda c: not is_plain(c)):  # the plain cell first
+            groups.setdefault(launch_key(cell), []).append(cell)
+        for group in groups.values():
+            self.run_group(group, baseline=is_plain(group[0]) and group[0].engine not in self.baselines)
         return self.record
 
-    def run_cell(self, cell: Cell, baseline: bool = False) -> dict[str, Any]:
-        rec: dict[str, Any] = {**cell.describe(), "status": "skipped" if cell.skip else "running",
-                               "reason": cell.skip, "step": "", "log_tail": {}, "correctness": None, "phases": [],
-                               "metrics": None, "timings": {}}
-        if cell.skip:
-            return self._done(rec)
-        log_dir = self.opts.out / "logs" / cell.key.replace("/", "_").replace(":", "_").replace("@", "_")
+    def run_group(self, cells: list[Cell], baseline: bool = False) -> None:
+        """Cells with the same launch (e.g. the grid's 1P1D nixl and the seed tables') share one start."""
+        recs = [new_record(c) for c in cells]
+        lead = cells[0]
+        log_dir = self.opts.out / "logs" / lead.key.replace("/", "_").replace(":", "_").replace("@", "_")
         t0 = time.monotonic()
         running = None
+        pending = list(recs)
+        step = "launch"
         try:
-            rec["step"] = "launch"
-            env = {"VLLM_SERVER_DEV_MODE": "1"} if any(p.flush_before for p in cell.phases) else None
-            running = launch(cell, self.opts, log_dir, self.status, worker_env=env)
-            rec["timings"]["start_s"] = round(time.monotonic() - t0, 1)
+            env = {"VLLM_SERVER_DEV_MODE": "1"} if any(p.flush_before for c in cells for p in c.phases) else None
+            running = launch(lead, self.opts, log_dir, self.status, worker_env=env)
+            started = round(time.monotonic() - t0, 1)
+            for rec in recs:
+                rec["timings"]["start_s"] = started
+                rec["shared_launch"] = [c.key for c in cells if c.key != rec["key"]]
             served = running.plan.served_name
             self.opts.served_name = self.opts.served_name or served
             if baseline:
-                rec["step"] = "baseline"
-                self.take_baseline(cell.engine, running.plan.workers[0].url)
-            if cell.group == "baseline":
-                rec["status"] = "ok"
-                return self._done(rec, t0, running)
-            if cell.engine not in self.baselines:
-                raise CellFailed(f"no baseline for {cell.engine}: the baseline engine failed (see its cell)")
-            rec["step"] = "correctness"
-            self.status(f"{cell.id}: greedy outputs vs the baseline")
+                step = "baseline"
+                self.take_baseline(lead.engine, running.plan.workers[0].url)
+            if lead.group == "baseline":
+                recs[0]["status"] = "ok"
+                pending = []
+                return
+            if lead.engine not in self.baselines:
+                raise CellFailed(f"no baseline for {lead.engine}: the baseline engine failed (see its record)")
+            step = "correctness"
+            self.status(f"{lead.id}: greedy outputs vs the baseline")
             t1 = time.monotonic()
             got, errors = correctness.collect(running.url, self.check_workload(), served,
                                               timeout_s=self.opts.request_timeout_s)
-            rec["correctness"] = correctness.compare(self.baselines[cell.engine]["check"], got, errors, cell.exact)
-            rec["timings"]["correctness_s"] = round(time.monotonic() - t1, 1)
-            t1 = time.monotonic()
-            for i, phase in enumerate(cell.phases):
-                rec["step"] = f"load {phase.label}"
-                if phase.flush_before:
-                    flush_prefix_cache(running.plan)
-                self.status(f"{cell.id}: load {phase.label} ({phase.num_prompts} requests, "
-                            f"{phase.rate if phase.rate != float('inf') else 'all at once'}/s)")
-                rec["phases"].append(run_phase(running.url, phase, self.opts, served, warmup=1 if i == 0 else 0))
-            rec["timings"]["load_s"] = round(time.monotonic() - t1, 1)
-            rec["step"] = "metrics"
-            time.sleep(STATS_SETTLE_S)
-            rec["metrics"] = collect(log_dir / "stats", running.url)
-            failed_requests = sum(p["summary"]["errors"] for p in rec["phases"])
-            wrong = rec["correctness"] and not rec["correctness"]["ok"]
-            rec["status"] = "failed" if (failed_requests or wrong) else "ok"
-            if wrong:
-                c = rec["correctness"]
-                rec["reason"] = (f"outputs differ from the baseline: {c['equal']}/{c['expected']} equal"
-                                 + (f", errors: {c['errors'][:1]}" if c["errors"] else ""))
-            elif failed_requests:
-                reasons = sorted({r for p in rec["phases"] for r in p["summary"]["error_reasons"]})
-                rec["reason"] = f"{failed_requests} load requests failed: {reasons[:2]}"
-            if rec["status"] == "failed":
-                rec["log_tail"] = running.tails(20)
+            for cell, rec in zip(cells, recs):
+                rec["correctness"] = correctness.compare(self.baselines[cell.engine]["check"], got, errors, cell.exact)
+                rec["timings"]["correctness_s"] = round(time.monotonic() - t1, 1)
+            before = collect(log_dir / "stats", running.url)
+            for cell, rec in zip(cells, recs):
+                step = self._measure(cell, rec, running, served, log_dir, before)
+                before = rec.pop("_after")
+                pending.remove(rec)
         except ChildDied as e:
-            rec.update(status="failed", reason=f"{e.name} exited with code {e.code} during {rec['step']}",
-                       log_tail={e.name: e.tail})
+            for rec in pending:
+                rec.update(status="failed", reason=f"{e.name} exited with code {e.code} during {rec['step'] or step}",
+                           log_tail={e.name: e.tail})
         except CellFailed as e:
-            rec.update(status="failed", reason=e.reason, log_tail=e.tails or (running.tails(20) if running else {}))
+            for rec in pending:
+                rec.update(status="failed", reason=e.reason,
+                           log_tail=e.tails or (running.tails(20) if running else _tails_from(log_dir)))
         except Exception as e:  # noqa: BLE001 - one cell's failure never stops the matrix
-            rec.update(status="failed", reason=f"{type(e).__name__} during {rec['step']}: {e}",
-                       log_tail=running.tails(20) if running else _tails_from(log_dir))
-            rec["traceback"] = traceback.format_exc(limit=6)
-        return self._done(rec, t0, running)
+            for rec in pending:
+                rec.update(status="failed", reason=f"{type(e).__name__} during {rec['step'] or step}: {e}",
+                           log_tail=running.tails(20) if running else _tails_from(log_dir),
+                           traceback=traceback.format_exc(limit=6))
+        finally:
+            if running is not None:
+                self.status(f"{lead.id}: stopping")
+                running.stop()
+            for rec in recs:
+                rec["timings"]["total_s"] = round(time.monotonic() - t0, 1)
+                self._done(rec)
 
-    def _done(self, rec: dict[str, Any], t0: float | None = None, running: Running | None = None) -> dict[str, Any]:
-        if running is not None:
-            self.status(f"{rec['id']}: stopping")
-            running.stop()
-        if t0 is not None:
-            rec["timings"]["total_s"] = round(time.monotonic() - t0, 1)
+    def _measure(self, cell: Cell, rec: dict[str, Any], running: Running, served: str, log_dir: Path,
+                 before: dict[str, Any]) -> str:
+        t1 = time.monotonic()
+        for i, phase in enumerate(cell.phases):
+            rec["step"] = f"load {phase.label}"
+            if phase.flush_before:
+                flush_prefix_cache(running.plan)
+            self.status(f"{cell.id}: load {phase.label} ({phase.num_prompts} requests, "
+                        f"{phase.rate if phase.rate != float('inf') else 'all at once'}/s)")
+            urls = [w.url for w in running.plan.workers]
+            cache0 = prefix_cache_counters(urls)
+            rec["phases"].append(run_phase(running.url, phase, self.opts, served, warmup=1 if i == 0 else 0))
+            cache1 = prefix_cache_counters(urls)
+            queries, hits = cache1["queries"] - cache0["queries"], cache1["hits"] - cache0["hits"]
+            rec["phases"][-1]["prefix_cache"] = {"queries": queries, "hits": hits,
+                                                 "hit_rate": round(hits / queries, 4) if queries else None}
+        rec["timings"]["load_s"] = round(time.monotonic() - t1, 1)
+        rec["step"] = "metrics"
+        time.sleep(STATS_SETTLE_S)
+        after = collect(log_dir / "stats", running.url)
+        rec["metrics"] = since(after, before)
+        rec["_after"] = after
+        failed_requests = sum(p["summary"]["errors"] for p in rec["phases"])
+        c = rec["correctness"]
+        wrong = c and not c["ok"]
+        rec["status"] = "failed" if (failed_requests or wrong) else "ok"
+        if wrong:
+            rec["reason"] = (f"outputs differ from the baseline: {c['equal']}/{c['expected']} equal"
+                             + (f", errors: {c['errors'][:1]}" if c["errors"] else ""))
+        elif failed_requests:
+            reasons = sorted({r for p in rec["phases"] for r in p["summary"]["error_reasons"]})
+            rec["reason"] = f"{failed_requests} load requests failed: {reasons[:2]}"
+        if rec["status"] == "failed":
+            rec["log_tail"] = running.tails(20)
+        rec["step"] = ""
+        return "next cell"
+
+    def _done(self, rec: dict[str, Any]) -> dict[str, Any]:
         if rec.get("group") != "baseline":
             self.record["cells"].append(rec)
         else:
@@ -343,6 +374,30 @@ class Runner:
         self.save()
         self.on_cell(rec)
         return rec
+
+
+def new_record(cell: Cell) -> dict[str, Any]:
+    return {**cell.describe(), "status": "skipped" if cell.skip else "running", "reason": cell.skip, "step": "",
+            "log_tail": {}, "correctness": None, "phases": [], "metrics": None, "timings": {}, "shared_launch": []}
+
+
+def launch_key(cell: Cell) -> tuple:
+    return (cell.engine, cell.prefill, cell.decode, cell.transport, cell.store, cell.tp, cell.variant)
+
+
+def since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The counters of `after` minus those of `before` (cells sharing a launch count their own work)."""
+    def sub(a, b):
+        if isinstance(a, dict):
+            return {k: sub(v, (b or {}).get(k)) for k, v in a.items()}
+        if isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)):
+            return type(a)(a - b) if isinstance(a, int) else round(a - b, 6)
+        return a
+
+    out = {k: sub(after.get(k), before.get(k)) for k in ("transfer", "store", "router")}
+    t = out["transfer"] or {}
+    t["gbps"] = round(t["bytes"] / t["seconds"] / 1e9, 3) if t.get("seconds") else None
+    return {**out, "workers": after.get("workers"), "per_worker": after.get("per_worker")}
 
 
 def is_plain(cell: Cell) -> bool:

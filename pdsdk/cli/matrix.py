@@ -124,10 +124,12 @@ def build_cells(args, sel: dict, gpus, scale: dict):
         cell.phases = [main]
     if sel["seed_tables"]:
         n_low, r_low = scale["low"]
-        low = C.Phase("low", n_low, isl, osl, r_low, args.max_concurrency)
-        high = C.Phase("high", main.num_prompts, isl, osl, main.rate, args.max_concurrency)
+        # distinct seeds: phases on a shared launch must not hit each other's prefixes by accident
+        low = C.Phase("low", n_low, isl, osl, r_low, args.max_concurrency, seed=1)
+        high = C.Phase("high", main.num_prompts, isl, osl, main.rate, args.max_concurrency, seed=2)
+        prefix = C.Phase("prefix", n_low, isl, osl, r_low, seed=3)
         for engine in engines:
-            cells += C.seed_cells(engine, transports[0], low, high, C.Phase("prefix", n_low, isl, osl, r_low))
+            cells += C.seed_cells(engine, transports[0], low, high, prefix)
     for cell in cells:
         cell.skip = C.why_not(cell, gpus)
     return cells
