@@ -65,6 +65,7 @@ SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
 CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
+CHUNK_MAX = 1 << 20  # a chunk checksummed just before its write is still in the L2 cache
 CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
 BAD = -2  # a damaged record: a miss, and the record goes
 SUM_MIN = 64 << 10  # pages from this size are checked by block sums (_checksum)
@@ -538,7 +539,7 @@ class DiskStore(Store):
     def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
         """Split a batch into runs of pages written by one pwritev each: a quarter of the batch,
         at least CHUNK_MIN, so that helpers checksum the next runs while one is written."""
-        target = min(self.segment_bytes, max(CHUNK_MIN, sum(sizes) // 4))
+        target = min(self.segment_bytes, CHUNK_MAX, max(CHUNK_MIN, sum(sizes) // 4))
         out, start, acc = [], 0, 0
         for j, s in enumerate(sizes):
             acc += s
