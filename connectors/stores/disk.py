@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
 from pdsdk.connectors.stores.retention import Retention
 
@@ -144,8 +143,8 @@ class _Shared:
     """The items of one call, computed by the calling thread and by pool threads helping it:
     whoever is free takes the next item. A call costs one hand-off per helper and never waits
     for a helper the OS has not scheduled yet (this machine's two cores are shared): the caller
-    goes on with the items no one has taken. CRC-32 and file I/O release the GIL, so helpers
-    run beside the caller. Without helpers, an item is computed when asked for."""
+    goes on with the items no one has taken. Checksums (zlib, numpy) and file I/O release the
+    GIL, so helpers run beside the caller. Without helpers, an item is computed when asked for."""
 
     _PENDING = object()
 
@@ -476,7 +475,7 @@ class DiskStore(Store):
     # -- put ------------------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
         """Room for the batch (never evicting the batch itself); then its records, chunk by chunk,
-        checksummed by the pool ahead of the writes, each chunk indexed once written, so LRU
+        checksummed by helpers ahead of the writes, each chunk indexed once written, so LRU
         order is the batch's order. A page that finds no room cuts the batch: later pages would
         be unreachable."""
         hints = hints or Hints()
