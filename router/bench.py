@@ -1,16 +1,24 @@
 """`pdsdk bench router`: latency a request gains by going through the router, and KV index speed.
 
-Latency: a fast local fake worker (own process) streams N tokens with no delay; the same
-streaming requests go to it directly and through a `pdsdk router` process, at each concurrency
-level. Reported: p50/p99 of the whole request and what the router adds (routed minus direct).
-Index: BlockStored batches in vLLM's wire format decoded and applied (block events/s), then
-prefix lookups of long prompts against the filled index (lookups/s).
+Latency: a lean streaming worker (loadgen.py, its own process) answers N tokens; the same
+streaming requests go to it directly and through a `pdsdk router` process, from a lean client
+(this process), in a closed loop at each concurrency level. Client, router and worker are three
+processes, so the router's CPU use is measured on its own (from /proc): "router CPU/req".
+Reported per level: p50/p99 of the whole request, and what the router adds (routed minus direct
+at the same percentile and concurrency).
+- saturated (the default levels): the worker has no generation delay, so each level runs as
+  fast as the machine allows; once the router's core is busy, requests queue in it and the
+  added latency is about streams x router CPU per request (it measures capacity).
+- paced (--paced-streams): the worker streams --paced-tokens tokens --paced-itl-ms apart, like
+  an engine under load; the router is not saturated and what it adds is its own delay.
+Index: BlockStored batches in vLLM's wire format decoded and applied (block events/s = block
+hashes ingested per second; best of 3 passes, wall clock and CPU time of the ingesting thread),
+then prefix lookups of long prompts against the filled index (lookups/s).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import subprocess
@@ -21,14 +29,20 @@ from typing import Any
 from pdsdk.benchlog import append_rows, write_json
 
 SECTION = "Router (`pdsdk bench router`)"
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def register(sub) -> None:
     p = sub.add_parser("router", help="latency added by the router (1/50/500 streams) and KV index speed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", default="1,50,500", help="concurrency levels, comma-separated (default 1,50,500)")
-    p.add_argument("--requests", type=int, default=4, help="requests per stream per level (default 4, min 200 total)")
+    p.add_argument("--requests", type=int, default=4, help="requests per stream per level (default 4, min 400 total)")
     p.add_argument("--tokens", type=int, default=8, help="tokens each streamed answer carries (default 8)")
+    p.add_argument("--paced-streams", type=int, default=500,
+                   help="streams of the paced run (default 500; 0 skips it)")
+    p.add_argument("--paced-tokens", type=int, default=64, help="tokens per answer in the paced run (default 64)")
+    p.add_argument("--paced-itl-ms", type=float, default=50.0,
+                   help="ms between tokens in the paced run (default 50)")
     p.add_argument("--policy", default="round_robin", help="router policy during the latency runs")
     p.add_argument("--index-blocks", type=int, default=200_000, help="block events to ingest (default 200000)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
@@ -42,31 +56,14 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-async def _load(url: str, streams: int, total: int, tokens: int) -> tuple[list[float], float]:
-    import aiohttp
-
-    body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": tokens, "stream": True}
-    lat: list[float] = []
-    todo = iter(range(total))
-
-    async def client(session):
-        for _ in todo:
-            t0 = time.perf_counter()
-            async with session.post(url + "/v1/completions", json=body) as r:
-                async for _chunk in r.content.iter_any():
-                    pass
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status} from {url}")
-            lat.append(time.perf_counter() - t0)
-
-    conn = aiohttp.TCPConnector(limit=streams + 8)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
-        await asyncio.gather(*(client(s) for _ in range(min(streams, 8))))  # warm up connections
-        lat.clear()
-        todo = iter(range(total))
-        start = time.perf_counter()
-        await asyncio.gather(*(client(s) for _ in range(streams)))
-        return lat, time.perf_counter() - start
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _spawn(argv: list[str], port: int) -> subprocess.Popen:
@@ -85,34 +82,84 @@ def _spawn(argv: list[str], port: int) -> subprocess.Popen:
     raise TimeoutError(f"{' '.join(argv)} did not listen on {port}")
 
 
-def latency(args) -> list[dict[str, Any]]:
+def _measure(case: str, mode: str, port: int, streams: int, total: int, tokens: int,
+             procs: dict[str, subprocess.Popen]) -> dict[str, Any]:
+    from pdsdk.router.loadgen import event_loop_runner, run_load
+
+    body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": tokens, "stream": True}
+    before = {k: _cpu_s(p.pid) for k, p in procs.items()}
+    c0 = time.process_time()
+    res = event_loop_runner()(run_load("127.0.0.1", port, streams, total, body))
+    client = time.process_time() - c0
+    after = {k: _cpu_s(p.pid) for k, p in procs.items()}
+    lat, first = res.latency, res.ttfb
+    rec = {"case": case, "mode": mode, "streams": streams, "requests": total, "tokens": tokens,
+           "p50_ms": round(_pct(lat, .5), 3), "p99_ms": round(_pct(lat, .99), 3),
+           "mean_ms": round(statistics.fmean(lat) * 1e3, 3), "ttfb_p50_ms": round(_pct(first, .5), 3),
+           "ttfb_p99_ms": round(_pct(first, .99), 3), "rps": round(total / res.seconds, 1),
+           "client_cpu_us_per_req": round(client / total * 1e6)}
+    for k in procs:
+        if before[k] is not None and after[k] is not None:
+            rec[f"{k}_cpu_us_per_req"] = round((after[k] - before[k]) / total * 1e6)
+    return rec
+
+
+def _added(d: dict[str, Any], r: dict[str, Any]) -> None:
+    r["added_p50_ms"] = round(r["p50_ms"] - d["p50_ms"], 3)
+    r["added_p99_ms"] = round(r["p99_ms"] - d["p99_ms"], 3)
+    r["added_ttfb_p99_ms"] = round(r["ttfb_p99_ms"] - d["ttfb_p99_ms"], 3)
+    r["added_p99_ratio"] = round(r["p99_ms"] / d["p99_ms"], 2) if d["p99_ms"] else None
+
+
+def _pair(args, tokens: int, itl_s: float):
+    """(worker, router, worker port, router port): a lean worker and a router in front of it."""
     from pdsdk.router.harness import free_port
 
     wport, rport = free_port(), free_port()
-    worker = _spawn([sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(wport),
-                     "--chunks", str(args.tokens)], wport)
-    cli = [sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--worker",
-           f"http://127.0.0.1:{wport}", "--policy", args.policy]
-    router = _spawn(cli, rport)
+    worker = _spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks", str(tokens),
+                     "--token-delay", str(itl_s)], wport)
+    try:
+        router = _spawn([sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--worker",
+                         f"http://127.0.0.1:{wport}", "--policy", args.policy], rport)
+    except BaseException:
+        worker.kill()
+        raise
+    time.sleep(0.3)  # first health check done
+    return worker, router, wport, rport
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def latency(args) -> list[dict[str, Any]]:
     out = []
+    worker, router, wport, rport = _pair(args, args.tokens, 0.0)
     try:
         for streams in [int(s) for s in args.streams.split(",") if s]:
-            total = max(200, streams * args.requests)
-            rec = {}
-            for case, port in (("direct", wport), ("router", rport)):
-                lat, secs = asyncio.run(_load(f"http://127.0.0.1:{port}", streams, total, args.tokens))
-                rec[case] = {"case": case, "streams": streams, "requests": total, "p50_ms": round(_pct(lat, .5), 3),
-                             "p99_ms": round(_pct(lat, .99), 3), "mean_ms": round(statistics.fmean(lat) * 1e3, 3),
-                             "rps": round(total / secs, 1)}
-            d, r = rec["direct"], rec["router"]
-            r["added_p50_ms"] = round(r["p50_ms"] - d["p50_ms"], 3)
-            r["added_p99_ms"] = round(r["p99_ms"] - d["p99_ms"], 3)
-            r["added_p99_ratio"] = round(r["p99_ms"] / d["p99_ms"], 2) if d["p99_ms"] else None
+            total = max(400, streams * args.requests)
+            d = _measure("direct", "saturated", wport, streams, total, args.tokens, {"worker": worker})
+            r = _measure("router", "saturated", rport, streams, total, args.tokens,
+                         {"worker": worker, "router": router})
+            _added(d, r)
             out += [d, r]
     finally:
-        for p in (router, worker):
-            p.terminate()
-            p.wait(10)
+        _stop(router, worker)
+    if args.paced_streams > 0:
+        worker, router, wport, rport = _pair(args, args.paced_tokens, args.paced_itl_ms / 1e3)
+        try:
+            n = args.paced_streams
+            d = _measure("direct", "paced", wport, n, n, args.paced_tokens, {"worker": worker})
+            r = _measure("router", "paced", rport, n, n, args.paced_tokens, {"worker": worker, "router": router})
+            _added(d, r)
+            out += [d, r]
+        finally:
+            _stop(router, worker)
     return out
 
 
@@ -135,45 +182,66 @@ def index_speed(args) -> dict[str, Any]:
             payloads.append((f"src{seq_id % sources}", fe.encode_batch("vllm", [ev])))
             n += per_batch
         seq_id += 1
-    idx = KVIndex()
-    t0 = time.perf_counter()
-    for src, payload in payloads:
-        idx.apply(src, decode_batch(payload)[1])
-    ingest = time.perf_counter() - t0
+    wall, cpu = [], []
+    for _ in range(3):  # best of 3 fresh indexes: the machine is shared, the minimum is the index's own speed
+        idx = KVIndex()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for src, payload in payloads:
+            idx.apply(src, decode_batch(payload)[1])
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - t0)
     lookups = 2000
     probes = [list(range(i % seq_id * 100_000, i % seq_id * 100_000 + prompt_blocks * bs)) for i in range(lookups)]
+    hits = 0
     t0 = time.perf_counter()
     for p in probes:
-        idx.lookup(p)
+        hits += bool(idx.lookup(p))
     look = time.perf_counter() - t0
-    return {"case": "kv_index", "streams": 0, "blocks": n, "block_size": bs,
-            "events_per_s": round(n / ingest), "lookups_per_s": round(lookups / look),
-            "lookup_prompt_tokens": prompt_blocks * bs}
+    if hits != lookups:
+        raise AssertionError(f"only {hits} of {lookups} indexed prompts were found")
+    return {"case": "kv_index", "mode": "", "streams": 0, "blocks": n, "block_size": bs,
+            "events_per_s": round(n / min(wall)), "events_per_cpu_s": round(n / min(cpu)),
+            "lookups_per_s": round(lookups / look), "lookup_prompt_tokens": prompt_blocks * bs}
+
+
+def _cpu_col(r: dict[str, Any]) -> str:
+    v = r.get("router_cpu_us_per_req")
+    return "" if v is None else str(v)
 
 
 def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
+    console = Console(width=None if sys.stdout.isatty() else 180)
     with console.status("router latency: direct vs routed..."):
         records = latency(args)
     with console.status("KV index: ingest and lookups..."):
         records.append(index_speed(args))
-    table = Table(title=f"pdsdk bench router ({os.cpu_count()} cores, fake worker, {args.tokens} tokens/stream)")
-    for col in ("case", "streams", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "req/s", "events/s", "lookups/s"):
+    table = Table(title=f"pdsdk bench router ({os.cpu_count()} cores, lean worker and client)")
+    for col in ("case", "mode", "streams", "p50 ms", "p99 ms", "added p99 ms", "TTFB p99 ms", "added TTFB p99",
+                "req/s", "router CPU us/req", "events/s (cpu)", "lookups/s"):
         table.add_column(col)
     for r in records:
-        table.add_row(r["case"], str(r["streams"]), str(r.get("p50_ms", "")), str(r.get("p99_ms", "")),
-                      str(r.get("added_p50_ms", "")), str(r.get("added_p99_ms", "")), str(r.get("rps", "")),
-                      f"{r['events_per_s']:,}" if "events_per_s" in r else "",
+        ev = f"{r['events_per_s']:,} ({r['events_per_cpu_s']:,})" if "events_per_s" in r else ""
+        table.add_row(r["case"], r.get("mode", ""), str(r["streams"]), str(r.get("p50_ms", "")),
+                      str(r.get("p99_ms", "")), str(r.get("added_p99_ms", "")), str(r.get("ttfb_p99_ms", "")),
+                      str(r.get("added_ttfb_p99_ms", "")), str(r.get("rps", "")), _cpu_col(r), ev,
                       f"{r['lookups_per_s']:,}" if "lookups_per_s" in r else "")
     console.print(table)
     write_json(args.json_out, records)
     if args.doc and os.path.exists(args.doc):
-        rows = [[r["case"], r["streams"], r.get("p50_ms", ""), r.get("p99_ms", ""),
-                 f"{r['added_p99_ms']} ({r['added_p99_ratio']}x direct)" if "added_p99_ms" in r else "",
-                 f"{r['events_per_s']:,}" if "events_per_s" in r else "",
-                 f"{r['lookups_per_s']:,}" if "lookups_per_s" in r else ""] for r in records]
+        rows = []
+        for r in records:
+            case = r["case"] if r.get("mode") != "paced" else \
+                f"{r['case']} paced ({r['tokens']} tok, {args.paced_itl_ms:g} ms apart)"
+            added = ""
+            if "added_p99_ms" in r:
+                added = f"{r['added_p99_ms']} ({r['added_p99_ratio']}x direct)"
+                if r.get("mode") == "paced":
+                    added += f"; TTFB +{r['added_ttfb_p99_ms']}"
+            rows.append([case, r["streams"], r.get("p50_ms", ""), r.get("p99_ms", ""), added, _cpu_col(r),
+                         f"{r['events_per_s']:,} (cpu {r['events_per_cpu_s']:,})" if "events_per_s" in r else "",
+                         f"{r['lookups_per_s']:,}" if "lookups_per_s" in r else ""])
         console.print(f"appended {len(rows)} rows to {append_rows(args.doc, SECTION, rows)}")
     return 0

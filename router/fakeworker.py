@@ -36,6 +36,7 @@ class FakeWorker:
         self.hang = False  # accept and never answer
         self.fail_status: int | None = None  # answer every request with this status
         self.die_after: int | None = None  # close the connection after this many stream chunks
+        self.stall_after: int | None = None  # go silent (connection open) after this many stream chunks
         self.healthy = True
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -78,9 +79,11 @@ class FakeWorker:
 
     # --- generation -----------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
-        self.requests.append({"path": request.path, "body": body, "headers": {k.lower(): v for k, v in request.headers.items()}})
+        self.requests.append({"path": request.path, "body": body, "raw": raw,
+                              "headers": {k.lower(): v for k, v in request.headers.items()}})
         try:
             return await self._generate(request, body, rid)
         except asyncio.CancelledError:
@@ -156,6 +159,8 @@ class FakeWorker:
             if self.die_after is not None and i >= self.die_after:
                 request.transport.close()  # the worker "dies": connection cut mid-stream
                 return resp
+            if self.stall_after is not None and i >= self.stall_after:
+                await asyncio.sleep(3600)  # the worker hangs mid-stream
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             last = i == n - 1

@@ -1,126 +1,161 @@
 """Exact index of which engine holds which KV blocks, fed by KV cache events.
 
-Keys are the router's own chained hashes of block *content* (parent key + token ids), built from
-the token ids every BlockStored carries. The engines' hashes are used only to follow parents and
-to apply removals. So the index never needs the engine's hash function or its seed
-(PYTHONHASHSEED), and one lookup over the prompt's token ids serves vLLM and SGLang alike.
+Keys are the router's own chained keys of block *content*, built from the token ids every
+BlockStored carries. The engines' hashes are used only to follow parents and to apply removals.
+So the index never needs the engine's hash function or its seed (PYTHONHASHSEED), and one
+lookup over the prompt's token ids serves vLLM and SGLang alike.
 
-A "source" is one event stream (one engine, one DP rank). Blocks whose parent the index never saw
-(events lost before a resync) cannot be keyed and are counted as orphans: the index may miss
-blocks, but it never claims a block an engine does not have.
+The key of the block at depth d (d blocks before it) is
+    X + ((d + 1) << 64),  X = root ^ hash((0, *tokens of block 0)) ^ ... ^ hash((d, *tokens of block d)),
+a position-aware XOR of per-block content hashes (Zobrist-style): it depends on every token of
+the prefix and on their order. The depth rides above bit 64, so a child's key follows from its
+parent's key alone. Every step is a C-level iterator (zip, map, accumulate): a BlockStored of N
+blocks runs no per-block Python bytecode, in ingestion as in lookups.
+
+A "source" is one event stream (one engine, one DP rank). Per source the index keeps
+{engine hash: content key} and the set of content keys held; updates are dict.update /
+set.update over whole events. Blocks whose parent the index never saw (events lost before a
+resync) cannot be keyed and are counted as orphans: the index may miss blocks, but it never
+claims a block an engine does not have.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Iterable
+from itertools import accumulate, repeat, takewhile
+from operator import add, xor
 
-from pdsdk.router.kvwire import Cleared, Removed, Stored
+from pdsdk.router.kvwire import CLEARED, REMOVED, STORED
 
 ROOT = 0
+_HALF = 1 << 63
+_DEPTH = [d << 64 for d in range(4097)]  # d << 64, grown on demand (under _grow)
+_grow = threading.Lock()
 
 
 def _root(lora_id) -> int:
     return ROOT if lora_id is None else hash(("lora", lora_id))
 
 
+def _depths(lo: int, hi: int) -> list[int]:
+    if hi > len(_DEPTH):
+        with _grow:
+            n = len(_DEPTH)
+            if hi > n:
+                _DEPTH.extend(d << 64 for d in range(n, max(hi, 2 * n)))
+    return _DEPTH[lo:hi]
+
+
+def _chain(base: int, tokens: list[int], block_size: int, n: int, extra=None) -> list[int]:
+    """Keys of the n full blocks of `tokens` that follow the block keyed `base`."""
+    depth = (base + _HALF) >> 64
+    it = iter(tokens)
+    pos = range(depth, depth + n)  # zip stops after n blocks: it drains this range first
+    parts = zip(pos, *([it] * block_size)) if extra is None else zip(pos, repeat(extra), *([it] * block_size))
+    xs = accumulate(map(hash, parts), xor, initial=base - (depth << 64))
+    next(xs)
+    return list(map(add, xs, _depths(depth + 1, depth + n + 1)))
+
+
 def prompt_keys(token_ids: list[int], block_size: int, lora_id=None) -> list[int]:
     """Chained content keys of the prompt's full blocks (engines only hash full blocks)."""
-    keys, h = [], _root(lora_id)
-    for i in range(0, len(token_ids) - block_size + 1, block_size):
-        h = hash((h, tuple(token_ids[i:i + block_size])))
-        keys.append(h)
-    return keys
+    return _chain(_root(lora_id), token_ids, block_size, len(token_ids) // block_size)
 
 
 class KVIndex:
     def __init__(self, mediums: Iterable[str | None] = (None, "GPU")):
-        self.mediums = set(mediums)
+        self.mediums = frozenset(mediums)
         self._lock = threading.Lock()
-        self._holders: dict[int, set[str]] = {}  # content key -> sources holding it
         self._blocks: dict[str, dict] = {}  # source -> {engine hash: content key}
+        self._keys: dict[str, set[int]] = {}  # source -> content keys it holds
         self.block_size: dict[str, int] = {}
         self.counts = dict.fromkeys(("stored", "removed", "cleared", "orphans", "ignored"), 0)
 
     def apply(self, source: str, events: list) -> int:
-        """Apply one batch of decoded events from `source`; returns block events applied."""
-        n = 0
+        """Apply one batch of decoded events from `source`; returns block events applied.
+        The per-event work is inlined here: at one block per event (vLLM decode steps) the
+        per-event overhead is most of the cost."""
+        stored = removed = ignored = orphans = cleared = 0
+        mediums = self.mediums
         with self._lock:
-            blocks = self._blocks.setdefault(source, {})
+            blocks = self._blocks.get(source)
+            if blocks is None:
+                blocks = self._blocks[source] = {}
+                self._keys[source] = set()
+            keys = self._keys[source]
             for ev in events:
-                if isinstance(ev, Stored):
-                    n += self._store(source, blocks, ev)
-                elif isinstance(ev, Removed):
-                    n += self._remove(source, blocks, ev)
-                elif isinstance(ev, Cleared):
-                    self._clear(source, blocks)
-                    self.counts["cleared"] += 1
-        return n
-
-    def _store(self, source: str, blocks: dict, ev: Stored) -> int:
-        hashes = ev.block_hashes
-        if ev.medium not in self.mediums or ev.group_idx not in (None, 0) or not ev.block_size:
-            self.counts["ignored"] += len(hashes)
-            return 0
-        if ev.parent is None:
-            key = _root(ev.lora_id)
-        else:
-            key = blocks.get(ev.parent)
-            if key is None:
-                self.counts["orphans"] += len(hashes)
-                return 0
-        bs, toks, holders = ev.block_size, ev.token_ids, self._holders
-        self.block_size[source] = bs
-        extra = repr(ev.extra_keys) if ev.extra_keys else None
-        if len(toks) < bs * len(hashes):
-            self.counts["ignored"] += len(hashes)
-            return 0
-        for i, h in enumerate(hashes):
-            block = tuple(toks[i * bs:(i + 1) * bs])
-            key = hash((key, block)) if extra is None else hash((key, block, extra))
-            blocks[h] = key
-            s = holders.get(key)
-            if s is None:
-                holders[key] = {source}
-            else:
-                s.add(source)
-        self.counts["stored"] += len(hashes)
-        return len(hashes)
-
-    def _remove(self, source: str, blocks: dict, ev: Removed) -> int:
-        if ev.medium not in self.mediums or ev.group_idx not in (None, 0):
-            return 0
-        holders = self._holders
-        for h in ev.block_hashes:
-            key = blocks.pop(h, None)
-            if key is not None:
-                s = holders.get(key)
-                if s is not None:
-                    s.discard(source)
-                    if not s:
-                        del holders[key]
-        self.counts["removed"] += len(ev.block_hashes)
-        return len(ev.block_hashes)
-
-    def _clear(self, source: str, blocks: dict) -> None:
-        holders = self._holders
-        for key in blocks.values():
-            s = holders.get(key)
-            if s is not None:
-                s.discard(source)
-                if not s:
-                    del holders[key]
-        blocks.clear()
+                kind = ev.kind
+                if kind == STORED:
+                    hashes, bs = ev.block_hashes, ev.block_size
+                    m = len(hashes)
+                    if ev.medium not in mediums or ev.group_idx not in (None, 0) or not bs:
+                        ignored += m
+                        continue
+                    parent = ev.parent
+                    if parent is None:
+                        base = ROOT if ev.lora_id is None else _root(ev.lora_id)
+                    else:
+                        base = blocks.get(parent)
+                        if base is None:
+                            orphans += m
+                            continue
+                    toks = ev.token_ids
+                    if len(toks) < bs * m:
+                        ignored += m
+                        continue
+                    depth = (base + _HALF) >> 64
+                    extra = ev.extra_keys
+                    if m == 1 and not extra:  # one block (a decode step): no iterator pipeline
+                        key = (base - (depth << 64) ^ hash((depth, *toks[:bs]))) + ((depth + 1) << 64)
+                        blocks[hashes[0]] = key
+                        keys.add(key)
+                        stored += 1
+                        self.block_size[source] = bs
+                        continue
+                    # _chain(), inlined
+                    it = iter(toks)
+                    pos = range(depth, depth + m)
+                    parts = zip(pos, *([it] * bs)) if not extra else zip(pos, repeat(repr(extra)), *([it] * bs))
+                    xs = accumulate(map(hash, parts), xor, initial=base - (depth << 64))
+                    next(xs)
+                    hi = depth + m + 1
+                    new = list(map(add, xs, _DEPTH[depth + 1:hi] if hi <= len(_DEPTH) else _depths(depth + 1, hi)))
+                    blocks.update(zip(hashes, new))
+                    keys.update(new)
+                    stored += m
+                    self.block_size[source] = bs
+                elif kind == REMOVED:
+                    if ev.medium not in mediums or ev.group_idx not in (None, 0):
+                        continue
+                    hashes = ev.block_hashes
+                    keys.difference_update(map(blocks.pop, hashes, repeat(None)))  # unknown hashes pop None
+                    removed += len(hashes)
+                elif kind == CLEARED:
+                    blocks.clear()
+                    keys.clear()
+                    cleared += 1
+            c = self.counts
+            c["stored"] += stored
+            c["removed"] += removed
+            c["ignored"] += ignored
+            c["orphans"] += orphans
+            c["cleared"] += cleared
+        return stored + removed
 
     def clear(self, source: str) -> None:
         """Forget everything `source` held (engine restarted, unrecoverable gap, worker removed)."""
         with self._lock:
-            self._clear(source, self._blocks.setdefault(source, {}))
+            if source in self._blocks:
+                self._blocks[source].clear()
+                self._keys[source].clear()
+            else:
+                self._blocks[source], self._keys[source] = {}, set()
 
     def drop(self, source: str) -> None:
-        self.clear(source)
         with self._lock:
             self._blocks.pop(source, None)
+            self._keys.pop(source, None)
             self.block_size.pop(source, None)
 
     def lookup(self, token_ids: list[int], sources: Iterable[str] | None = None) -> dict[str, int]:
@@ -133,14 +168,12 @@ class KVIndex:
                 if wanted is None or src in wanted:
                     by_size.setdefault(bs, []).append(src)
             for bs, srcs in by_size.items():
-                alive: set[str] = set(srcs)
-                for i, key in enumerate(prompt_keys(token_ids, bs)):
-                    s = self._holders.get(key)
-                    alive = alive & s if s else set()
-                    if not alive:
-                        break
-                    for src in alive:
-                        out[src] = (i + 1) * bs
+                pk = prompt_keys(token_ids, bs)
+                for src in srcs:
+                    held = self._keys.get(src)
+                    if held and pk and pk[0] in held:
+                        n = len(list(takewhile(held.__contains__, pk)))
+                        out[src] = n * bs
         return out
 
     def sources(self) -> dict[str, int]:

@@ -9,42 +9,77 @@ publisher id) on vLLM newer than 0.33 with a snapshot endpoint. payload is a msg
   ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"].
 Hashes are opaque: ints (vLLM: low 64 bits of sha256; SGLang: signed int64) or raw bytes.
 
-Decoding is generic (no schema), so fields added by newer engines never break the router.
+Decoding is batch-at-a-time with typed msgspec structs (one C call per batch, no per-event
+Python objects besides the event structs themselves). Fields the structs do not name are
+ignored (unknown map keys, trailing array items), so fields added by newer engines never break
+the router. A batch the typed decoders reject (an event type we do not know, a field of an
+unexpected type, a map-shaped batch) is decoded again generically, event by event, with the
+same result: unknown event types are skipped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
 END_SEQ = -1
-_decoder = msgspec.msgpack.Decoder()
+Hash = int | bytes
+STORED, REMOVED, CLEARED = 1, 2, 3
 
 
-@dataclass(slots=True)
-class Stored:
-    block_hashes: list
-    parent: Any
+class Stored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
+    """BlockStored. As a class it decodes the positional form: the first six fields only, as the
+    engines' positional layouts differ after `medium`. StoredMap adds the map form's fields."""
+    block_hashes: list[Hash]
+    parent: Hash | None = msgspec.field(name="parent_block_hash")
     token_ids: list[int]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    extra_keys: ClassVar[Any] = None
+    group_idx: ClassVar[Any] = None
+    kind: ClassVar[int] = STORED
+
+
+class StoredMap(Stored, array_like=False):
     extra_keys: Any = None
     group_idx: int | None = None
 
 
-@dataclass(slots=True)
-class Removed:
-    block_hashes: list
+class Removed(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
+    block_hashes: list[Hash]
     medium: str | None = None
+    group_idx: ClassVar[Any] = None
+    kind: ClassVar[int] = REMOVED
+
+
+class RemovedMap(Removed, array_like=False):
     group_idx: int | None = None
 
 
-@dataclass(slots=True)
-class Cleared:
+class Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
+    kind: ClassVar[int] = CLEARED
+
+
+class ClearedMap(Cleared, array_like=False):
     pass
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float | int
+    events: list[StoredMap | RemovedMap | ClearedMap]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float | int
+    events: list[Stored | Removed | Cleared]
+    data_parallel_rank: int | None = None
+
+
+_typed = [msgspec.msgpack.Decoder(_MapBatch), msgspec.msgpack.Decoder(_ArrayBatch)]
+_generic = msgspec.msgpack.Decoder()
 
 
 class WireError(ValueError):
@@ -61,9 +96,24 @@ def parse_seq(frame: bytes) -> tuple[int, bytes | None]:
 
 
 def decode_batch(payload: bytes) -> tuple[float, list, int | None]:
-    """(timestamp, events, data_parallel_rank) from one payload."""
+    """(timestamp, events, data_parallel_rank) from one payload. Events are Stored/Removed/Cleared
+    (or their *Map subclasses); `ev.kind` is STORED, REMOVED or CLEARED."""
+    for i, dec in enumerate(_typed):
+        try:
+            b = dec.decode(payload)
+        except msgspec.ValidationError:
+            continue
+        except msgspec.DecodeError as e:
+            raise WireError(f"payload is not msgpack: {e}") from None
+        if i:  # an engine sends one encoding: try the one that worked first next time
+            _typed.reverse()
+        return b.ts, b.events, b.data_parallel_rank
+    return _decode_generic(payload)
+
+
+def _decode_generic(payload: bytes) -> tuple[float, list, int | None]:
     try:
-        obj = _decoder.decode(payload)
+        obj = _generic.decode(payload)
     except msgspec.DecodeError as e:
         raise WireError(f"payload is not msgpack: {e}") from None
     if isinstance(obj, dict):
@@ -82,13 +132,13 @@ def _event(e) -> Stored | Removed | Cleared | None:
     if isinstance(e, dict):
         kind = e.get("type")
         if kind == "BlockStored":
-            return Stored(e.get("block_hashes") or [], e.get("parent_block_hash"), e.get("token_ids") or [],
-                          e.get("block_size") or 0, e.get("lora_id"), e.get("medium"), e.get("extra_keys"),
-                          e.get("group_idx"))
+            return StoredMap(e.get("block_hashes") or [], e.get("parent_block_hash"), e.get("token_ids") or [],
+                             e.get("block_size") or 0, e.get("lora_id"), e.get("medium"), e.get("extra_keys"),
+                             e.get("group_idx"))
         if kind == "BlockRemoved":
-            return Removed(e.get("block_hashes") or [], e.get("medium"), e.get("group_idx"))
+            return RemovedMap(e.get("block_hashes") or [], e.get("medium"), e.get("group_idx"))
         if kind == "AllBlocksCleared":
-            return Cleared()
+            return ClearedMap()
         return None
     if isinstance(e, list) and e:
         kind, f = e[0], e[1:]

@@ -10,13 +10,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from pdsdk import plugins
 from pdsdk.router import pd, rmetrics
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
+from pdsdk.router.h1 import H1Pool
 from pdsdk.router.requests import batch_size
 from pdsdk.router.upstream import Retryable, open_stream, passthrough, post_json, read_all, relay
 from pdsdk.router.workers import Worker, WorkerPool
@@ -36,9 +36,8 @@ def json_error(status: int, message: str, kind: str = "invalid_request_error", *
 
 
 class Orchestrator:
-    def __init__(self, cfg: RouterConfig, pool: WorkerPool, policies: dict[str, Policy],
-                 session: aiohttp.ClientSession):
-        self.cfg, self.pool, self.policies, self.session = cfg, pool, policies, session
+    def __init__(self, cfg: RouterConfig, pool: WorkerPool, policies: dict[str, Policy], client: H1Pool):
+        self.cfg, self.pool, self.policies, self.client = cfg, pool, policies, client
         self._warned_no_params: set[str] = set()
 
     # --- planning -------------------------------------------------------------------------
@@ -104,12 +103,13 @@ class Orchestrator:
             w.inflight += 1
             w.breaker.started()
             self.policies[w.role].on_start(w, req)
-            rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)
         ok = False
         try:
             if not self.cfg.pd:
-                resp = await self._single(request, plan.main, path, pd_body(self.cfg.engine, body, req), req,
-                                          deadline, judged)
+                raw = req.extra.get("raw")
+                out = raw if raw is not None and _unchanged(self.cfg.engine, body, req) else \
+                    pd_body(self.cfg.engine, body, req)
+                resp = await self._single(request, plan.main, path, out, req, deadline, judged)
             elif self.cfg.engine == "vllm":
                 resp = await self._vllm(request, plan, path, body, req, deadline, judged)
             else:
@@ -130,7 +130,6 @@ class Orchestrator:
                 if w.url not in judged:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)
-                rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)
 
     def _headers(self, rid: str) -> dict[str, str]:
         h = {"X-Request-Id": rid}
@@ -147,19 +146,22 @@ class Orchestrator:
                       judged: set[str], rid: str | None = None, watch: asyncio.Task | None = None):
         """Send to one worker and answer the client from it (plain, decode, decode-alone)."""
         rid = rid or req.request_id
-        stream = bool(body.get("stream"))
-        opening = asyncio.ensure_future(open_stream(self.session, w, path, body, self._headers(rid),
-                                                    self._first_timeout(stream, deadline)))
-        try:
-            if watch is not None:  # SGLang: a failing prefill fails the pair before decode's first token
+        stream = req.extra["stream"] if isinstance(body, bytes) else bool(body.get("stream"))
+        first_timeout = self._first_timeout(stream, deadline)
+        if watch is None:
+            opened = await open_stream(self.client, w, path, body, self._headers(rid), first_timeout)
+        else:  # SGLang: a failing prefill fails the pair before decode's first token
+            opening = asyncio.ensure_future(open_stream(self.client, w, path, body, self._headers(rid),
+                                                        first_timeout))
+            try:
                 await asyncio.wait({opening, watch}, return_when=asyncio.FIRST_COMPLETED)
                 if not opening.done() and watch.done() and watch.exception() is not None:
                     opening.cancel()
                     raise watch.exception()
-            opened = await opening
-        finally:
-            if not opening.done():
-                opening.cancel()
+                opened = await opening
+            finally:
+                if not opening.done():
+                    opening.cancel()
         w.breaker.record(True)
         judged.add(w.url)
         if "t0" in req.extra:
@@ -177,7 +179,7 @@ class Orchestrator:
                                       judged)
         p = plan.prefill
         rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"  # one id per attempt, same on both sides
-        status, data = await post_json(self.session, p, path, pd.vllm_prefill_body(body, hints),
+        status, data = await post_json(self.client, p, path, pd.vllm_prefill_body(body, hints),
                                        self._headers(rid), self._first_timeout(True, deadline))
         p.breaker.record(True)
         judged.add(p.url)
@@ -205,7 +207,7 @@ class Orchestrator:
         n = batch_size(body)
         pbody = pd.sglang_pd_body(body, p.host, p.bootstrap_port, pd.new_room(n), n, hints)
         left = max(0.0, deadline - asyncio.get_running_loop().time())
-        prefill = asyncio.ensure_future(post_json(self.session, p, path, pbody, self._headers(req.request_id),
+        prefill = asyncio.ensure_future(post_json(self.client, p, path, pbody, self._headers(req.request_id),
                                                   left))
         try:
             try:
@@ -239,7 +241,7 @@ class Orchestrator:
         else:
             return
         try:
-            status, data = await post_json(self.session, w, "/tokenize", ask, {}, 2.0)
+            status, data = await post_json(self.client, w, "/tokenize", ask, {}, 2.0)
             if status == 200:
                 tokens = _json(data).get("tokens")
                 if isinstance(tokens, list):
@@ -255,6 +257,13 @@ def _json(data: bytes) -> dict:
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return obj
+
+
+def _unchanged(engine: str, body: dict, req: RouteRequest) -> bool:
+    """Would pd_body() send the client's body as it came? Then its bytes go out as they are."""
+    if req.extra.get("hints"):
+        return False
+    return engine != "vllm" or ("pdsdk" not in body and "kv_transfer_params" not in body)
 
 
 def pd_body(engine: str, body: dict, req: RouteRequest) -> dict:

@@ -6,6 +6,8 @@ import json
 import uuid
 from typing import Any, Mapping
 
+import msgspec
+
 from pdsdk.router.hints import HintError, parse_hints
 from pdsdk.router.policy import RouteRequest
 
@@ -14,14 +16,30 @@ class BadRequest(ValueError):
     """The client sent something we can say exactly what is wrong with (HTTP 400)."""
 
 
+_json_decode = msgspec.json.decode
+
+
 def parse_body(raw: bytes, kind: str) -> dict[str, Any]:
     """kind: "completions" or "chat"."""
+    return read_body(raw, kind)[0]
+
+
+def read_body(raw: bytes, kind: str) -> tuple[dict[str, Any], bool]:
+    """(body, exact): exact when `raw` is plain UTF-8 JSON that the workers can be sent as it is."""
     try:
+        return check_body(_json_decode(raw), kind), True  # the common case, fast
+    except msgspec.DecodeError:
+        pass
+    try:  # what msgspec refuses (NaN, UTF-16, ...) json may still read; its errors say where
         body = json.loads(raw)
     except json.JSONDecodeError as e:
         raise BadRequest(f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except UnicodeDecodeError:
         raise BadRequest("malformed JSON: body is not UTF-8") from None
+    return check_body(body, kind), False
+
+
+def check_body(body: Any, kind: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
     if kind == "chat":

@@ -25,6 +25,17 @@ KV_BLOCKS = Gauge("pdsdk_router_kv_index_blocks", "Blocks in the KV event index 
 KV_EVENTS = Gauge("pdsdk_router_kv_events", "KV event stream counters per source", ["source", "counter"])
 
 
+_request_children: dict[tuple[str, str], object] = {}
+
+
+def count_request(route: str, outcome: str) -> None:
+    """REQUESTS.labels(route, outcome).inc() with the labelled child cached (hot path)."""
+    child = _request_children.get((route, outcome))
+    if child is None:
+        child = _request_children[(route, outcome)] = REQUESTS.labels(route, outcome)
+    child.inc()
+
+
 def forget_worker(url: str, role: str) -> None:
     for g in (IN_FLIGHT, HEALTHY, BREAKER_OPEN):
         try:

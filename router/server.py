@@ -12,9 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
+from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
 from pdsdk.router.policy import Policy, build_policy
-from pdsdk.router.requests import BadRequest, parse_body, route_request
+from pdsdk.router.requests import BadRequest, read_body, route_request
 from pdsdk.router.workers import CircuitBreaker, Worker, WorkerPool, parse_worker_arg
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Router:
             r: build_policy(cfg.policy_for(r), cfg.policy_options.get(cfg.policy_for(r))) for r in roles}
         self.pool.listeners.append(self._on_pool_change)
         self.session: aiohttp.ClientSession | None = None
+        self.client: H1Pool | None = None
         self.orchestrator: Orchestrator | None = None
         self._tasks: set[asyncio.Task] = set()
         if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
@@ -88,7 +90,9 @@ class Router:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s))
-        self.orchestrator = Orchestrator(self.cfg, self.pool, self.policies, self.session)
+        # the request hot path talks to workers with the lean client; health checks use aiohttp
+        self.client = H1Pool(connect_timeout=self.cfg.connect_timeout_s)
+        self.orchestrator = Orchestrator(self.cfg, self.pool, self.policies, self.client)
         for w in self.static_workers():
             self.add_worker(w)
         await health.check_all(self.session, self.pool, self.cfg.health_timeout_s)
@@ -106,6 +110,8 @@ class Router:
             p.close()
         if self.session is not None:
             await self.session.close()
+        if self.client is not None:
+            await self.client.close()
 
     # --- handlers -------------------------------------------------------------------------
     def _client_denied(self, request: web.Request) -> web.Response | None:
@@ -118,27 +124,29 @@ class Router:
         route = ROUTES[request.path]
         denied = self._client_denied(request)
         if denied:
-            rmetrics.REQUESTS.labels(route, "401").inc()
+            rmetrics.count_request(route, "401")
             return denied
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            rmetrics.REQUESTS.labels(route, "413").inc()
+            rmetrics.count_request(route, "413")
             return json_error(413, f"body larger than the limit of {self.cfg.max_body_bytes} bytes")
         try:
-            body = parse_body(raw, route)
+            body, exact = read_body(raw, route)
             req = route_request(body, request.headers, route)
         except BadRequest as e:
-            rmetrics.REQUESTS.labels(route, "400").inc()
+            rmetrics.count_request(route, "400")
             return json_error(400, str(e))
         req.extra["t0"] = start
+        if exact:
+            req.extra["raw"] = raw  # sent on as it is when the worker's body is the client's
         known = self.cfg.models or self.pool.models()
         if req.model is not None and known and req.model not in known:
-            rmetrics.REQUESTS.labels(route, "404").inc()
+            rmetrics.count_request(route, "404")
             return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
                               "not_found_error")
         resp = await self.orchestrator.serve(request, body, req, request.path)
-        rmetrics.REQUESTS.labels(route, str(resp.status)).inc()
+        rmetrics.count_request(route, str(resp.status))
         rmetrics.DURATION.observe(time.perf_counter() - start)
         return resp
 
@@ -167,6 +175,7 @@ class Router:
                 for k in ("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"):
                     rmetrics.KV_EVENTS.labels(src, k).set(s.get(k, 0))
         for w in self.pool.workers.values():
+            rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)  # sampled here, not per request
             rmetrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
         resp = web.Response(body=generate_latest(REGISTRY))
         resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from dataclasses import dataclass
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
+from pdsdk.router.h1 import H1Pool, Response
 from pdsdk.router.workers import Worker
 
 try:
@@ -37,7 +39,7 @@ class Retryable(Exception):
 @dataclass
 class Opened:
     worker: Worker
-    resp: aiohttp.ClientResponse
+    resp: Response
     first: bytes  # first bytes of the body (b"" when the body is empty)
 
 
@@ -47,15 +49,17 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-async def open_stream(session: aiohttp.ClientSession, worker: Worker, path: str, body: dict,
+async def open_stream(client: H1Pool, worker: Worker, path: str, body: dict | bytes,
                       headers: dict[str, str], first_timeout: float) -> Opened:
-    """POST and wait (at most `first_timeout`) for status, headers and the first body bytes."""
+    """POST and wait (at most `first_timeout`) for status, headers and the first body bytes.
+    `body` is a dict to encode, or JSON bytes to send as they are."""
     resp = None
+    headers["Content-Type"] = "application/json"
     try:
         async with atimeout(first_timeout):
-            resp = await session.post(worker.url + path, data=msgspec.json.encode(body),
-                                      headers={"Content-Type": "application/json", **headers})
-            first = await resp.content.readany()
+            resp = await client.post(worker.url, path, body if isinstance(body, bytes) else msgspec.json.encode(body),
+                                     headers)
+            first = await resp.readany()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         if resp is not None:
             resp.close()
@@ -78,13 +82,16 @@ async def read_all(opened: Opened, timeout: float) -> bytes:
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         opened.resp.close()
         raise Retryable(opened.worker, _reason(e)) from None
+    except BaseException:
+        opened.resp.close()  # cancelled (client gone): drop the connection, the engine aborts
+        raise
     return opened.first + rest
 
 
-async def post_json(session: aiohttp.ClientSession, worker: Worker, path: str, body: dict,
+async def post_json(client: H1Pool, worker: Worker, path: str, body: dict,
                     headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
     """A whole request/response (vLLM prefill, SGLang prefill, tokenize)."""
-    opened = await open_stream(session, worker, path, body, headers, timeout)
+    opened = await open_stream(client, worker, path, body, headers, timeout)
     return opened.resp.status, await read_all(opened, timeout)
 
 
@@ -99,44 +106,143 @@ def sse_error(message: str, code: int = 502) -> bytes:
                                              "code": code}}).encode() + b"\n\n"
 
 
+_HIGH, _LOW = 256 << 10, 64 << 10  # client write buffer: stop / restart reading from the worker
+
+
 async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadline: float,
                 request_id: str) -> web.StreamResponse:
-    """Stream the worker's body to the client chunk by chunk, as it arrives."""
+    """Stream the worker's body to the client as it arrives.
+
+    Direct mode (a chunked answer to an HTTP/1.1 client, the usual case): after the first bytes
+    went out through aiohttp (which sends the head with them), each later piece is written to
+    the client's transport from the worker connection's receive callback, framed as one chunk:
+    no task wake-up and no aiohttp writer call per token. A slow client holds the worker
+    connection (reading pauses) until its buffer drains. Otherwise each piece is read and
+    written in a loop.
+
+    The worker may stay silent at most `gap_timeout` (then it counts as failed) and the stream
+    must end by `deadline`. One timer per stream watches both, re-arming itself from the last
+    bytes received, instead of a timeout context (a timer created and cancelled) per token."""
     up = opened.resp
     out = web.StreamResponse(status=up.status, headers={
-        "Content-Type": up.headers.get("Content-Type", "text/event-stream"),
+        "Content-Type": up.headers.get("content-type", "text/event-stream"),
         "Cache-Control": "no-cache", "X-Request-Id": request_id})
+    if request.version >= aiohttp.HttpVersion11:
+        out.enable_chunked_encoding()  # what aiohttp does anyway, said aloud: out.chunked tells
     await out.prepare(request)
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    transport = request.transport
+    reading: float | None = None  # last bytes from the worker (or start of the read); None: not counting
+    waiting = False  # awaiting the worker: the only place the watchdog may cancel us
+    expired: str | None = None  # "deadline" or "silent": why the watchdog cancelled the wait
+    client_gone = False
+
+    def watchdog() -> None:
+        nonlocal timer, expired
+        now = loop.time()
+        if waiting:
+            if now >= deadline:
+                expired = "deadline"
+            elif reading is not None and now - reading >= gap_timeout:
+                expired = "silent"
+            if expired:
+                task.cancel()
+                timer = None
+                return
+        due = min((reading if waiting and reading is not None else now) + gap_timeout, deadline)
+        timer = loop.call_at(due if due > now else now + 0.05, watchdog)
+
+    def sink(data: bytes) -> None:
+        nonlocal reading, client_gone
+        reading = loop.time()
+        if transport is None or transport.is_closing():
+            client_gone = True
+            up._fail(ConnectionResetError("client went away"))
+            up.close()
+            return
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if transport.get_write_buffer_size() > _HIGH:
+            up.hold(True)
+            reading = None  # our client is slow, not the worker
+            loop.call_later(0.005, unhold)
+
+    def unhold() -> None:
+        nonlocal reading
+        if transport is None or transport.is_closing():
+            sink(b"")  # notices the client is gone
+        elif transport.get_write_buffer_size() > _LOW:
+            loop.call_later(0.005, unhold)
+        else:
+            reading = loop.time()
+            up.hold(False)
+
+    def worker_failed(e: BaseException) -> bytes:
+        opened.worker.breaker.record(False)
+        opened.worker.last_error = _reason(e)
+        log.warning("stream from %s broke: %s", opened.worker.url, _reason(e))
+        return sse_error(f"worker failed mid-stream: {_reason(e)}")
+
+    def on_expired() -> bytes:
+        if sys.version_info >= (3, 11):
+            task.uncancel()
+        up.close()
+        if expired == "deadline":
+            return sse_error("request deadline passed", 504)
+        opened.worker.breaker.record(False)
+        opened.worker.last_error = "silent mid-stream"
+        return sse_error("worker failed mid-stream: silent too long")
+
+    timer = loop.call_at(min(loop.time() + gap_timeout, deadline), watchdog)
     try:
         if opened.first:
             await out.write(opened.first)
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                await out.write(sse_error("request deadline passed", 504))
-                break
+        if opened.first and out.chunked and not out.compression and transport is not None:
+            reading, waiting = loop.time(), True
             try:
-                async with atimeout(min(gap_timeout, left)):
-                    chunk = await up.content.readany()
-            except asyncio.TimeoutError:
-                if left <= gap_timeout:  # our deadline, not the worker's silence
+                up.set_sink(sink)
+                await up.wait_done()
+            except asyncio.CancelledError:
+                waiting = False
+                if expired is None:
+                    raise  # the client went away
+                await out.write(on_expired())
+            except (aiohttp.ClientError, OSError) as e:
+                waiting = False
+                if client_gone:
+                    raise ConnectionResetError("client went away") from None
+                await out.write(worker_failed(e))
+            waiting = False
+        else:
+            read = up.readany
+            while True:
+                now = loop.time()
+                if now >= deadline:
                     await out.write(sse_error("request deadline passed", 504))
                     break
-                opened.worker.breaker.record(False)
-                opened.worker.last_error = "silent mid-stream"
-                await out.write(sse_error("worker failed mid-stream: silent too long"))
-                break
-            except (aiohttp.ClientError, OSError) as e:
-                opened.worker.breaker.record(False)
-                opened.worker.last_error = _reason(e)
-                log.warning("stream from %s broke: %s", opened.worker.url, _reason(e))
-                await out.write(sse_error(f"worker failed mid-stream: {_reason(e)}"))
-                break
-            if not chunk:
-                break
-            await out.write(chunk)
+                reading, waiting = now, True
+                try:
+                    chunk = await read()
+                except asyncio.CancelledError:
+                    waiting = False
+                    if expired is None:
+                        raise  # the client went away
+                    await out.write(on_expired())
+                    break
+                except (aiohttp.ClientError, OSError) as e:
+                    waiting = False
+                    await out.write(worker_failed(e))
+                    break
+                waiting = False
+                if not chunk:
+                    break
+                await out.write(chunk)
+        if timer is not None:
+            timer.cancel()
+            timer = None
         await out.write_eof()
     finally:
+        if timer is not None:
+            timer.cancel()
         up.close()
     return out

@@ -225,3 +225,84 @@ def test_kv_events_policy_routes_to_the_worker_holding_the_prefix(stream_env):
 
 def run(coro):
     return asyncio.run(coro)
+
+
+# --- batch-oriented ingestion ---------------------------------------------------------------
+
+def test_keys_do_not_depend_on_how_blocks_were_batched():
+    """One block per event (the single-block fast path), all in one event, or uneven splits
+    give the same content keys, which are also what a lookup computes."""
+    from pdsdk.router.kvindex import prompt_keys
+
+    toks = list(range(1000, 1000 + 10 * BS))
+    h = blocks(toks)
+    splits = {"one": [(0, 10)], "singles": [(i, i + 1) for i in range(10)], "uneven": [(0, 3), (3, 4), (4, 10)]}
+    seen = []
+    for name, parts in splits.items():
+        idx = KVIndex()
+        for a, b in parts:
+            _apply(idx, "s", "vllm", fe.stored("vllm", h[a:b], h[a - 1] if a else None, toks[a * BS:b * BS], BS))
+        assert idx.lookup(toks) == {"s": 10 * BS}, name
+        seen.append(dict(idx._blocks["s"]))
+        assert set(idx._blocks["s"].values()) == set(prompt_keys(toks, BS))
+    assert seen[0] == seen[1] == seen[2]
+    keys = prompt_keys(toks, BS)
+    assert len(set(keys)) == 10 and prompt_keys(toks[BS:], BS)[0] not in keys  # position matters
+    assert prompt_keys(toks[:BS] * 2, BS)[1] != prompt_keys(toks[:BS], BS)[0]  # same block, deeper: new key
+
+
+def test_extra_keys_and_lora_blocks_are_never_matched_by_base_lookups():
+    toks = list(range(8))
+    h = blocks(toks)
+    idx = KVIndex()
+    _apply(idx, "mm", "vllm", fe.stored("vllm", h, None, toks, BS, extra_keys=[["img-hash"], None]))
+    _apply(idx, "lora", "vllm", fe.stored("vllm", h, None, toks, BS, lora_id=3))
+    _apply(idx, "lora1", "vllm", fe.stored("vllm", h[:1], None, toks[:4], BS, lora_id=3))  # single-block path
+    assert idx.lookup(toks) == {} and idx.counts["stored"] == 5
+
+
+def test_removals_and_clears_per_source():
+    toks = list(range(12))
+    h = blocks(toks)
+    idx = KVIndex()
+    for src in ("a", "b"):
+        _apply(idx, src, "sglang", fe.stored("sglang", h, None, toks, BS))
+    _apply(idx, "a", "sglang", fe.removed("sglang", [h[0], 12345]))  # an unknown hash is harmless
+    assert idx.lookup(toks) == {"b": 12} and idx.counts["removed"] == 2
+    _apply(idx, "b", "sglang-array", fe.cleared("sglang-array"))
+    assert idx.lookup(toks) == {} and idx.sources() == {"a": 2, "b": 0}
+    idx.drop("a")
+    assert idx.sources() == {"b": 0}
+    _apply(idx, "a", "vllm", fe.removed("vllm", h))  # a dropped source comes back empty
+    assert idx.sources()["a"] == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_typed_decoding_matches_the_generic_decoder(fmt):
+    from pdsdk.router.kvwire import _decode_generic
+
+    toks = list(range(8))
+    h = blocks(toks)
+    payload = fe.encode_batch(fmt, [fe.stored(fmt, h, None, toks, BS), fe.removed(fmt, h[1:]), fe.cleared(fmt)])
+    fast, slow = decode_batch(payload), _decode_generic(payload)
+    assert fast[0] == slow[0] and fast[2] == slow[2]
+    for a, b in zip(fast[1], slow[1], strict=True):
+        assert a.kind == b.kind
+        for f in ("block_hashes", "parent", "token_ids", "block_size", "lora_id", "medium", "extra_keys", "group_idx"):
+            assert getattr(a, f, None) == getattr(b, f, None), f
+
+
+def test_batches_the_typed_decoders_refuse_still_decode():
+    toks = list(range(4))
+    newer = [0.5, [["BlockStored", [7], None, toks, BS, None, "GPU", "lora-x", [["extra"]], 0, "full", "new"],
+                   ["SomethingNew", 1], ["BlockRemoved", [7], "GPU", 0]], 0]
+    _, events, rank = decode_batch(msgspec.msgpack.encode(newer))  # unknown type, trailing fields
+    assert [type(e).__name__ for e in events] == ["Stored", "Removed"] and rank == 0
+    as_map = {"ts": 1.0, "events": [{"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
+                                     "token_ids": toks, "block_size": BS, "future_field": {"x": 1}}]}
+    _, events, _ = decode_batch(msgspec.msgpack.encode(as_map))  # a map-shaped batch
+    assert events[0].token_ids == toks
+    odd = [1, [{"type": "BlockStored", "block_hashes": None, "parent_block_hash": None, "token_ids": None,
+                "block_size": None}]]
+    _, events, _ = decode_batch(msgspec.msgpack.encode(odd))  # nulls where lists belong: generic path
+    assert events[0].block_hashes == [] and KVIndex().apply("s", events) == 0
