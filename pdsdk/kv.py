@@ -171,6 +171,8 @@ def coalesce(local: Sequence[Span] | np.ndarray, remote: Sequence[Span] | np.nda
     if len(unequal):
         i = int(unequal[0])
         raise ValueError(f"span pair {i}: local length {a[i, 2]} != remote length {b[i, 2]}")
+    if len(a) == 1 and a[0, 2] > 0:  # the common single-run transfer: nothing to merge
+        return a, b
     keep = a[:, 2] > 0
     a, b = a[keep], b[keep]
     if not len(a):
