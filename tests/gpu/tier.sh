@@ -47,13 +47,17 @@ step_transports() {
     --option mooncake.protocol=nvlink_intra
   for s in off on; do echo "== staging $s"; bench "staging-$s" --transports nixl,mooncake --sizes 151 --repeats 5 --staging $s; done
   (cd /tmp && timeout 120 python3 "$SRC/tests/gpu/nccl_ceiling.py")
+  (cd "$OUT" && tar -czf transports.tgz bench-*.txt && rm -f bench-*.txt)
 }
 while [ $# -gt 0 ]; do
   case $1 in
     setup) step_setup; shift ;;
     transports) step_transports; shift ;;
-    vllm) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/vllm_tier.py" "$MODEL" "$@"); break ;;
+    vllm) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/vllm_tier.py" "$MODEL" "$@") \
+      > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done
+# The device returns at most 8 files: logs and stats travel as one archive.
+(cd "$OUT" && ls -d logs-* stats-* >/dev/null 2>&1 && tar -czf logs.tgz logs-* stats-* && rm -rf logs-* stats-*)
 echo "call took ${SECONDS}s"
