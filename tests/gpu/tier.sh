@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GPU machine (nvidia-h200-x2): the GPU tier in steps, so one call can run several and the next call the rest.
-#   bash tests/gpu/tier.sh setup transports vllm single tp2 ...
+#   bash tests/gpu/tier.sh setup transports serve single tp2 ...
 # setup: install the staged wheels ($HOME/stage, see ../shared/gpu/README.md) and pdsdk from the carried
 #   archive .whl/pdsdk.tar (`git archive HEAD`, so other engineers' uncommitted edits never travel), and
 #   write the Qwen3-8B-shaped model to $HOME/qwen3-8b-shape.
 # transports: `pdsdk bench transport` GPU0 <- GPU1 for every transport, Mooncake's NVLink protocol, the
 #   staged path on/off, and the NCCL send/recv ceiling.
-# vllm CONFIG...: tests/gpu/vllm_tier.py with the rest of the call's time (10 minutes a call).
+# serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PIP_BREAK_SYSTEM_PACKAGES=1 NIXL_LOG_LEVEL=WARNING MC_LOG_LEVEL=WARNING GLOG_minloglevel=2 \
@@ -17,7 +17,11 @@ step_setup() {
   rm -rf "$SRC" && mkdir -p "$SRC" && tar -xf .whl/pdsdk.tar -C "$SRC"
   (cd "$SRC" && python3 -m pip install -q --no-deps --no-build-isolation . > "$OUT/pdsdk-install.log" 2>&1) \
     || tail -5 "$OUT/pdsdk-install.log"
-  (cd /tmp && python3 -c "import vllm, nixl, mooncake.engine, pdsdk; print('vllm', vllm.__version__, 'pdsdk', pdsdk.__version__)")
+  (cd /tmp && python3 -c "
+import importlib.metadata as m
+for p in ('vllm', 'sglang', 'nixl', 'mooncake-transfer-engine-cuda13', 'pdsdk', 'torch', 'transformers'):
+    try: print(p, m.version(p))
+    except m.PackageNotFoundError: pass")
   (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$MODEL")
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
   (cd /tmp && python3 -m pdsdk doctor --json > "$OUT/doctor.json" 2>&1)
@@ -53,8 +57,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     setup) step_setup; shift ;;
     transports) step_transports; shift ;;
-    vllm) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/vllm_tier.py" "$MODEL" "$@") \
-      > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|skipped)" "$OUT/vllm.log"; break ;;
+    serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
+      > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done

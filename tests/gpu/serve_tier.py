@@ -1,8 +1,9 @@
-"""GPU machine: vLLM serving configurations one after the other, each through the pdsdk router:
-greedy correctness against the single-GPU run, then `pdsdk bench serve` at the seed's load.
+"""GPU machine: vLLM or SGLang serving configurations one after the other, each through the pdsdk
+router: greedy correctness against the engine's single-GPU run, then `pdsdk bench serve` at the
+seed's load.
 
-Usage: python3 tests/gpu/vllm_tier.py MODEL_DIR CONFIG [CONFIG...]   (configs: see CONFIGS)
-Results: $OUT/vllm-<config>.json (+ logs); the single-GPU outputs are kept in $HOME/gpu-tier so a
+Usage: python3 tests/gpu/serve_tier.py MODEL_DIR CONFIG [CONFIG...]   (configs: see CONFIGS)
+Results: $OUT/<config>.json (+ logs); each engine's single-GPU outputs are kept in $HOME/gpu-tier so a
 later call (the machine keeps files while warm) compares against them. Stops starting new
 configurations when less than PDSDK_GPU_MIN_LEFT seconds of PDSDK_GPU_BUDGET remain.
 """
@@ -27,7 +28,9 @@ T0 = time.monotonic()
 BUDGET = float(os.environ.get("PDSDK_GPU_BUDGET", "570"))
 MIN_LEFT = float(os.environ.get("PDSDK_GPU_MIN_LEFT", "150"))
 UTIL = os.environ.get("PDSDK_GPU_UTIL", "0.85")
-ENGINE_ARGS = ["--gpu-memory-utilization", UTIL, "--max-model-len", "4096"]
+ENGINE_ARGS = {"vllm": ["--gpu-memory-utilization", UTIL, "--max-model-len", "4096"],
+               "sglang": ["--mem-fraction-static", os.environ.get("PDSDK_GPU_MEM_FRACTION", "0.8"),
+                          "--context-length", "4096"]}
 NUM_PROMPTS, RATE = int(os.environ.get("PDSDK_GPU_PROMPTS", "200")), float(os.environ.get("PDSDK_GPU_RATE", "20"))
 MOONCAKE = {"name": "mooncake", "options": {"protocol": os.environ.get("PDSDK_MOONCAKE_PROTOCOL", "nvlink_intra")}}
 CONFIGS = {
@@ -40,7 +43,12 @@ CONFIGS = {
     "pd-nixl": dict(prefill=1, decode=1, gpus=[0, 1], transport="nixl"),
     "pd-mooncake": dict(prefill=1, decode=1, gpus=[0, 1], transport=MOONCAKE),
     "pd-nccl": dict(prefill=1, decode=1, gpus=[0, 1], transport="nccl"),
-    "pd-intree-nixl": "NixlConnector",
+    "pd-intree-nixl": dict(prefill=1, decode=1, gpus=[0, 1], native="NixlConnector"),
+    # SGLang 0.5.15.post1: pdsdk as its transfer backend, beside SGLang's own nixl backend.
+    "sglang-single": dict(engine="sglang", prefill=0, decode=1, gpus=[0]),
+    "sglang-pd-local": dict(engine="sglang", prefill=1, decode=1, gpus=[0, 1], transport="local"),
+    "sglang-pd-nixl": dict(engine="sglang", prefill=1, decode=1, gpus=[0, 1], transport="nixl"),
+    "sglang-pd-native-nixl": dict(engine="sglang", prefill=1, decode=1, gpus=[0, 1], native="nixl"),
 }
 # Correctness prompts: token ids (exact lengths) crossing page boundaries in different ways.
 CHECK = random_requests(Workload("random", num_prompts=6, isl=700, osl=32, range_ratio=0.9, vocab=500, seed=11))
@@ -48,25 +56,24 @@ TIE = 0.05  # a first difference where the single run's top-2 logprobs are this 
 
 
 def plan_for(name: str, model: str) -> LaunchPlan:
-    spec = CONFIGS[name]
-    if spec == "NixlConnector":
-        return intree_nixl_plan(model)
-    spec = dict(spec)
-    extra = spec.pop("extra", [])
-    return build_plan(LaunchOptions(engine="vllm", model=model, served_name="m", port=free_port(),
-                                    engine_args=ENGINE_ARGS + extra, **spec))
-
-
-def intree_nixl_plan(model: str) -> LaunchPlan:
-    """vLLM's own NixlConnector 1P1D behind the same router (it speaks NixlConnector's protocol)."""
-    plan = build_plan(LaunchOptions(engine="vllm", model=model, served_name="m", port=free_port(), prefill=1,
-                                    decode=1, gpus=[0, 1], engine_args=ENGINE_ARGS))
-    for w in plan.workers:
-        kv = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if w.role == "prefill" else "kv_consumer"}
-        i = w.cmd.index("--kv-transfer-config")
-        w.cmd[i + 1] = json.dumps(kv)
-        w.env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+    spec = dict(CONFIGS[name])
+    engine, extra, native = spec.pop("engine", "vllm"), spec.pop("extra", []), spec.pop("native", None)
+    plan = build_plan(LaunchOptions(engine=engine, model=model, served_name="m", port=free_port(),
+                                    engine_args=ENGINE_ARGS[engine] + extra, **spec))
+    if native:
+        use_native_connector(plan, native)
     return plan
+
+
+def use_native_connector(plan: LaunchPlan, native: str) -> None:
+    """The engine's own PD transfer instead of pdsdk's, behind the same router (it speaks both protocols)."""
+    for w in plan.workers:
+        if plan.engine == "vllm":
+            kv = {"kv_connector": native, "kv_role": "kv_producer" if w.role == "prefill" else "kv_consumer"}
+            w.cmd[w.cmd.index("--kv-transfer-config") + 1] = json.dumps(kv)
+            w.env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+        else:
+            w.cmd[w.cmd.index("--disaggregation-transfer-backend") + 1] = native
 
 
 def complete(url: str, prompt: list[int]) -> dict:
@@ -107,13 +114,14 @@ def run_config(name: str, model: str) -> dict:
         url = f"http://127.0.0.1:{plan.router.port}"
         outputs = [complete(url, r.prompt) for r in CHECK]
         record["outputs"] = outputs
-        if name == "single":
+        if name.endswith("single"):
             # The same prompts again hit the prefix cache: the engine then computes only the last
             # partial page on top of cached pages, the order of work a PD decode engine follows.
             KEEP.mkdir(exist_ok=True)
-            (KEEP / "baseline.json").write_text(json.dumps(outputs))
-            (KEEP / "baseline-warm.json").write_text(json.dumps([complete(url, r.prompt) for r in CHECK]))
-        for kind, file in (("correctness", "baseline.json"), ("correctness_warm", "baseline-warm.json")):
+            (KEEP / f"{plan.engine}-baseline.json").write_text(json.dumps(outputs))
+            (KEEP / f"{plan.engine}-baseline-warm.json").write_text(json.dumps([complete(url, r.prompt) for r in CHECK]))
+        for kind, file in (("correctness", f"{plan.engine}-baseline.json"),
+                           ("correctness_warm", f"{plan.engine}-baseline-warm.json")):
             if (KEEP / file).exists():
                 record[kind] = compare(outputs, json.loads((KEEP / file).read_text()))
         load = LoadOptions(url, "m", rate=RATE, warmup=4, seed=1)
@@ -127,7 +135,7 @@ def run_config(name: str, model: str) -> dict:
         sup.stop()
     record["stats"] = [json.loads(f.read_text()) for f in stats_dir.glob("*.json")] if stats_dir.exists() else []
     record["seconds"] = time.monotonic() - start
-    (OUT / f"vllm-{name}.json").write_text(json.dumps(record, indent=2))
+    (OUT / f"{name}.json").write_text(json.dumps(record, indent=2))
     return record
 
 
