@@ -231,8 +231,10 @@ class NcclTransport(Transport):
         local, remote, bounds = self._chunked(local, remote)
         buf, o.staging = self._buffer(local)
         parts = self._parts(local, bounds, buf)
-        request = {"op": "send" if op == "READ" else "recv", "pair": pair.id, "spans": remote.tolist(),
-                   "bounds": bounds}  # the peer cuts its spans into the same chunks
+        # Spans as raw int64 (thousands of pages: a list costs ms to encode and decode, this us); the
+        # peer cuts them into the same chunks.
+        request = {"op": "send" if op == "READ" else "recv", "pair": pair.id,
+                   "spans": remote.astype("<i8").tobytes(), "bounds": bounds}
         if op == "WRITE" and notify is not None:
             request["notify"] = notify
         works: list[Any] = []
@@ -375,7 +377,7 @@ class NcclTransport(Transport):
         works: list[Any] = []
         try:
             self._check_pair(pair)
-            spans = np.asarray(m["spans"], dtype=np.int64).reshape(-1, 3)
+            spans = np.frombuffer(m["spans"], dtype="<i8").reshape(-1, 3).astype(np.int64)
             spans = check_spans(spans, self.regions, "requested")
             bounds = m.get("bounds", [0, len(spans)])
             if bounds[0] != 0 or bounds[-1] != len(spans) or any(a >= b for a, b in itertools.pairwise(bounds)):
