@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import queue
 import threading
@@ -29,6 +30,8 @@ from pdsdk.connectors.transports.buffers import cuda_index
 from pdsdk.connectors.transports.control import ControlChannel
 from pdsdk.connectors.transports.futures import all_of, byte_parts
 from pdsdk.kv import Region, span_addresses, split_spans
+
+log = logging.getLogger(__name__)
 
 IOV_MAX = 1024
 MAX_CALL_BYTES = 1 << 30  # the kernel moves at most ~2 GiB per call
@@ -118,10 +121,17 @@ class _CudaIpc:
 
 
 class LocalTransport(Transport):
-    OPTIONS = {"threads": 2}  # host copies run on this many threads (the peer spends no CPU)
+    # threads: host copies run on this many threads (the peer spends no CPU).
+    # gpu_kernel: how pages move between GPUs: "torch" (index_select + index_copy_) or "triton" (one pass).
+    OPTIONS = {"threads": 2, "gpu_kernel": "torch"}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        if self.options["gpu_kernel"] not in ("torch", "triton"):
+            from pdsdk.errors import ConfigError
+
+            raise ConfigError("transport.options.gpu_kernel",
+                              f"{self.options['gpu_kernel']!r} is not one of: torch, triton")
         self._identity = host_identity()
         self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._control = ControlChannel(self.agent, self.host, self._on_message)
@@ -201,12 +211,10 @@ class LocalTransport(Transport):
             pb = self.layout.page_bytes
             return self._post(op, peer, page_spans(local_region, local_pages, pb),
                               page_spans(remote_region, remote_pages, pb), notify)
-        from pdsdk.connectors.transports.staging import copy_pages
-
         torch = self._cuda().torch
         pb = self.layout.page_bytes
-        stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
-        with torch.cuda.stream(stream):
+        copy_pages = self._page_copier()
+        with torch.cuda.stream(self._stream(device)):
             lp = self._view(lreg.addr, lreg.length // pb * pb, device).view(-1, pb)
             rp = self._view(self._remote_cuda_addr(peer, remote_region, device), rreg.length // pb * pb,
                             device).view(-1, pb)
@@ -220,6 +228,25 @@ class LocalTransport(Transport):
         future.event = event
         return future, peer, notify
 
+    def _stream(self, device: int) -> Any:
+        stream = self._gpu_streams.get(device)
+        if stream is None:  # one per device, made once (creating a stream per transfer costs tens of us)
+            stream = self._gpu_streams[device] = self._cuda().torch.cuda.Stream(device=device)
+        return stream
+
+    def _page_copier(self) -> Any:
+        """dst[dst_idx] = src[src_idx] for page-shaped GPU tensors, by the configured kernel."""
+        from pdsdk.connectors.transports.staging import copy_pages
+
+        if self.options["gpu_kernel"] == "triton":
+            from pdsdk.connectors.transports.gpu_copy import copy_pages_triton, triton_available
+
+            if triton_available():
+                return copy_pages_triton
+            log.warning("local: gpu_kernel 'triton' asked for but Triton is not usable here; using torch")
+            self.options["gpu_kernel"] = "torch"
+        return copy_pages
+
     def _view(self, addr: int, length: int, device: int) -> Any:
         """Cached tensor over a region: making one from a raw pointer costs more than a small copy."""
         from pdsdk.connectors.transports.buffers import torch_view
@@ -232,13 +259,13 @@ class LocalTransport(Transport):
 
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         """Few runs: one copy each (no temporary). Many: one gather/scatter kernel pair per region pair."""
-        from pdsdk.connectors.transports.staging import common_page, copy_pages, page_indices
+        from pdsdk.connectors.transports.staging import common_page, page_indices
 
         torch = self._cuda().torch
         device = cuda_index(self.regions[int(local[0, 0])].device)
-        stream = self._gpu_streams.setdefault(device, torch.cuda.Stream(device=device))
+        copy_pages = self._page_copier()
         page = common_page(local, remote)
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(self._stream(device)):
             # Group spans by (local region, peer region); the common case has one of each.
             multi = len(self.regions) * len(peer.regions) > 1
             keys = local[:, 0] * len(peer.regions) + remote[:, 0] if multi else None

@@ -1,5 +1,7 @@
-"""Profile the local transport's CUDA IPC path on one GPU (peer in another process)."""
+"""Profile the local transport's CUDA IPC path (peer in another process, on PEER=cuda:N, default cuda:0),
+with the page kernel KERNEL=torch|triton (default torch)."""
 import cProfile
+import os
 import pstats
 import time
 
@@ -14,8 +16,9 @@ from pdsdk.plugins import registry
 pb, n = 32768, 4608
 N = 2 * n * pb
 layout = {"num_layers": 1, "num_kv_heads": 8, "head_dim": 64, "page_size": 32}
-peer = PeerProcess("local", N, device="cuda:0", layout=layout)
-t = registry().load("transport", "local")(name="local", layout=KVLayout(**layout, device="cuda:0"))
+peer = PeerProcess("local", N, device=os.environ.get("PEER", "cuda:0"), layout=layout)
+t = registry().load("transport", "local")(name="local", layout=KVLayout(**layout, device="cuda:0"),
+                                         gpu_kernel=os.environ.get("KERNEL", "torch"))
 buf, reg = allocate(N, "cuda:0")
 t.register([reg])
 p = t.connect(peer.descriptor)

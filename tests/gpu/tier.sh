@@ -50,8 +50,11 @@ step_transports() {
   echo "== mooncake nvlink_intra"; bench mooncake-nvlink --transports mooncake --sizes 151,1024 --repeats 5 \
     --option mooncake.protocol=nvlink_intra
   for s in off on; do echo "== staging $s"; bench "staging-$s" --transports nixl,mooncake --sizes 151 --repeats 5 --staging $s; done
+  echo "== local with the one-pass Triton page kernel"; bench local-triton --transports local --sizes 1,151 \
+    --repeats 10 --option local.gpu_kernel=triton
+  for k in torch triton; do echo "== profile local ($k)"; (cd /tmp && PEER=cuda:1 KERNEL=$k timeout 120 \
+    python3 "$SRC/tests/gpu/profile_local.py" 2>&1 | grep -v "^\s*$" | head -30 > "$OUT/profile-$k.txt"; head -3 "$OUT/profile-$k.txt"); done
   (cd /tmp && timeout 120 python3 "$SRC/tests/gpu/nccl_ceiling.py")
-  (cd "$OUT" && tar -czf transports.tgz bench-*.txt && rm -f bench-*.txt)
 }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -62,6 +65,6 @@ while [ $# -gt 0 ]; do
     *) echo "unknown step $1"; exit 2 ;;
   esac
 done
-# The device returns at most 8 files: logs and stats travel as one archive.
-(cd "$OUT" && ls -d logs-* stats-* >/dev/null 2>&1 && tar -czf logs.tgz logs-* stats-* && rm -rf logs-* stats-*)
+# The device returns at most 8 files: JSON results as they are, everything else in one archive.
+(cd "$OUT" && others=$(ls -A | grep -v '\.json$') && [ -n "$others" ] && tar -czf rest.tgz $others && rm -rf $others)
 echo "call took ${SECONDS}s"
