@@ -313,11 +313,19 @@ class Response:
                         break
                     continue
                 try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
+                    size = int(line, 16)
                 except ValueError:
-                    raise H1Error(f"bad chunk size line {line[:40]!r}") from None
+                    try:  # chunk extensions (";name=value") or padding
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise H1Error(f"bad chunk size line {line[:40]!r}") from None
+                if size < 0:
+                    raise H1Error(f"bad chunk size line {line[:40]!r}")
                 if size == 0:
                     self._chunk_state = 3
+                elif pos + size + 2 <= n and data[pos + size:pos + size + 2] == b"\r\n":
+                    out.append(data[pos:pos + size])  # the whole chunk is here: the usual case
+                    pos += size + 2
                 else:
                     self._left, self._chunk_state = size, 1
             else:  # st == 2: the CRLF after chunk data

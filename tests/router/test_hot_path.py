@@ -101,12 +101,14 @@ def test_h1_content_length_close_delimited_and_errors():
             await pool.post(url, "/x", b"{}", {"X-Evil": "a\r\nInjected: 1"})
         await pool.close()
         await srv.stop()
-        bad = Scripted([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"])
+        bad = Scripted([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nab\r\n"])
         url = await bad.start()
         pool = H1Pool()
-        r = await pool.post(url, "/x", b"{}", {})
-        with pytest.raises(H1Error):
-            await r.read()
+        for _ in range(2):
+            r = await pool.post(url, "/x", b"{}", {})
+            with pytest.raises(H1Error):
+                await r.read()
         truncated = Scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"], close_after_each=True)
         url = await truncated.start()
         r = await pool.post(url, "/x", b"{}", {})
