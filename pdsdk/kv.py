@@ -36,6 +36,9 @@ class KVLayout(msgspec.Struct, frozen=True, kw_only=True):
     device: str = "cpu"
     tp_rank: int = 0
     tp_size: int = 1
+    # This side slices pages by KV head (heterogeneous TP): a peer of another TP size is compatible
+    # when both sides say so (every other field must still match). Not part of the fingerprint.
+    hetero_tp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "page_size", "tp_size"):
@@ -81,8 +84,11 @@ class KVLayout(msgspec.Struct, frozen=True, kw_only=True):
                 for f in FINGERPRINT_FIELDS if getattr(self, f) != getattr(other, f)}
 
     def check_compatible(self, other: KVLayout) -> None:
-        """Raise `LayoutMismatch` naming every field on which `other` differs."""
+        """Raise `LayoutMismatch` naming every field on which `other` differs. With `hetero_tp` on
+        both sides, `tp_size` may differ (the pages are sliced by KV head, see `head_plan`)."""
         differences = self.diff(other)
+        if self.hetero_tp and other.hetero_tp:
+            differences.pop("tp_size", None)
         if differences:
             raise LayoutMismatch(differences)
 
@@ -216,3 +222,141 @@ def span_addresses(spans: np.ndarray, regions: Sequence[Region]) -> np.ndarray:
 
 def total_bytes(spans: Sequence[Span] | np.ndarray) -> int:
     return int(span_array(spans)[:, 2].sum())
+
+
+# --- heterogeneous TP: which KV heads a rank holds, and which bytes of a page hold them ---------
+
+
+def rank_heads(num_kv_heads: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
+    """(first, count) of the model's KV heads that TP rank `tp_rank` holds, vLLM's split
+    (QKVParallelLinear): H/TP heads each when TP <= H; with more ranks than heads every rank holds
+    one head, replicated over TP/H consecutive ranks. ValueError when neither divides the other."""
+    h, tp = num_kv_heads, tp_size
+    if not 0 <= tp_rank < tp:
+        raise ValueError(f"TP rank {tp_rank} outside [0, {tp})")
+    if tp <= h:
+        if h % tp:
+            raise ValueError(f"{h} KV heads do not split evenly over TP={tp}")
+        return tp_rank * (h // tp), h // tp
+    if tp % h:
+        raise ValueError(f"TP={tp} is not a multiple of the {h} KV heads (vLLM replicates heads only then)")
+    return tp_rank // (tp // h), 1
+
+
+class HeadRead(msgspec.Struct, frozen=True, array_like=True):
+    """One read of a decode rank from one prefill rank: `count` heads, from local head offset
+    `local_head` (in the decode rank's pages) and remote head offset `remote_head` (in the prefill
+    rank's pages), of the layers `l` with `l % parts == part` (replicas of the same heads share the work)."""
+
+    remote_rank: int
+    local_head: int
+    remote_head: int
+    count: int
+    part: int = 0
+    parts: int = 1
+
+
+def head_plan(num_kv_heads: int, remote_tp: int, local_tp: int, local_rank: int,
+              kv_split: bool = True) -> list[HeadRead]:
+    """The reads that give local rank `local_rank` (of `local_tp`) its KV heads from ranks of
+    `remote_tp` holding the same model's cache. MLA (`kv_split` False): the latent is replicated on
+    every rank, so it is one "head" held by all. Where several remote ranks hold the same heads
+    (replicas), the local ranks that need them spread over the replicas so that each replica is read:
+    a local rank with several replicas to itself splits the layers among them."""
+    h = num_kv_heads if kv_split else 1
+    mine_first, mine_n = rank_heads(h, local_tp, local_rank)
+    groups: dict[tuple[int, int], list[int]] = {}  # remote (first, count) -> replicas
+    for p in range(remote_tp):
+        groups.setdefault(rank_heads(h, remote_tp, p), []).append(p)
+    local = [rank_heads(h, local_tp, d) for d in range(local_tp)]
+    plan = []
+    for (first, n), replicas in sorted(groups.items()):
+        lo, hi = max(first, mine_first), min(first + n, mine_first + mine_n)
+        if lo >= hi:
+            continue
+        readers = [d for d, (f, c) in enumerate(local) if max(first, f) < min(first + n, f + c)]
+        i = readers.index(local_rank)
+        if len(replicas) >= len(readers):
+            chosen = replicas[i::len(readers)]
+        else:
+            chosen = [replicas[i % len(replicas)]]
+        for part, p in enumerate(chosen):
+            plan.append(HeadRead(p, lo - mine_first, lo - first, hi - lo, part, len(chosen)))
+    return plan
+
+
+def head_readers(num_kv_heads: int, remote_tp: int, local_tp: int, remote_rank: int, kv_split: bool = True) -> int:
+    """How many local ranks read remote rank `remote_rank` (what it waits for before freeing pages)."""
+    return sum(any(r.remote_rank == remote_rank for r in head_plan(num_kv_heads, remote_tp, local_tp, d, kv_split))
+               for d in range(local_tp))
+
+
+class HeadGeometry(msgspec.Struct, frozen=True, array_like=True):
+    """Where the KV heads sit inside one block of one layer (bytes): `tokens` token slots each
+    `token_stride` apart, heads `head_stride` apart, `chunk` contiguous bytes per (token, head)
+    (head_dim elements, or K and V of one head when the backend keeps them side by side).
+    NHD (token-major): head_stride == chunk; HND (head-major): token_stride == chunk."""
+
+    tokens: int
+    token_stride: int
+    head_stride: int
+    chunk: int
+
+    def head_major(self) -> bool:
+        """Heads [o, o+c) of a block are one run of c * tokens * chunk bytes."""
+        return self.token_stride == self.chunk and self.head_stride == self.tokens * self.chunk
+
+    def token_runs(self, count: int) -> bool:
+        """Heads [o, o+c) of one token are one run of c * chunk bytes."""
+        return count == 1 or self.head_stride == self.chunk
+
+
+def _slice_offsets(g: HeadGeometry, head: int, count: int, level: int) -> tuple[np.ndarray, int]:
+    """Offsets inside a block, and the run length, of heads [head, head+count) at the given level:
+    0 one run per block, 1 one run per token, 2 one run per (token, head); order (token, head)."""
+    if level == 0:
+        return np.array([head * g.head_stride], dtype=np.int64), count * g.tokens * g.chunk
+    t = np.arange(g.tokens, dtype=np.int64) * g.token_stride + head * g.head_stride
+    if level == 1:
+        return t, count * g.chunk
+    return (t[:, None] + np.arange(count, dtype=np.int64)[None, :] * g.head_stride).ravel(), g.chunk
+
+
+def head_slice_spans(local_ids: Sequence[int], local_geometry: Sequence[Sequence[int]],
+                     local_heads: Sequence[HeadGeometry | Sequence[int]], remote_ids: Sequence[int],
+                     remote_geometry: Sequence[Sequence[int]], remote_heads: Sequence[HeadGeometry | Sequence[int]],
+                     read: HeadRead) -> tuple[np.ndarray, np.ndarray]:
+    """Paired (local, remote) spans that move `read.count` KV heads of the given blocks in the layers
+    of `read`'s part, between two ranks whose pages hold different head ranges. Geometry per layer is
+    [planes, plane_stride, block_stride, block_bytes] (as vLLM's adapter derives it); the span's region
+    is the layer. Runs are as long as both sides' layouts allow (a block, a token, or a head of a token);
+    `coalesce` merges what continues on both sides. Vectorized per layer."""
+    li, ri = np.asarray(local_ids, dtype=np.int64), np.asarray(remote_ids, dtype=np.int64)
+    if len(li) != len(ri):
+        raise ValueError(f"{len(li)} local blocks for {len(ri)} remote ones")
+    if len(local_geometry) != len(remote_geometry):
+        raise ValueError(f"{len(local_geometry)} local KV layers, {len(remote_geometry)} remote")
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    for layer in range(read.part, len(local_geometry), read.parts):
+        (lp, lps, lbs, _), (rp, rps, rbs, _) = local_geometry[layer], remote_geometry[layer]
+        lg, rg = (g if isinstance(g, HeadGeometry) else HeadGeometry(*g)
+                  for g in (local_heads[layer], remote_heads[layer]))
+        if lp != rp or lg.tokens != rg.tokens or lg.chunk != rg.chunk:
+            raise ValueError(f"layer {layer}: block layouts differ (planes {lp}/{rp}, tokens {lg.tokens}/"
+                             f"{rg.tokens}, bytes per token and head {lg.chunk}/{rg.chunk})")
+        level = 0 if lg.head_major() and rg.head_major() else (
+            1 if lg.token_runs(read.count) and rg.token_runs(read.count) else 2)
+        spans = []
+        for ids, planes, ps, bs, g, head in ((li, lp, lps, lbs, lg, read.local_head),
+                                             (ri, rp, rps, rbs, rg, read.remote_head)):
+            inner, length = _slice_offsets(g, head, read.count, level)
+            base = (np.arange(planes, dtype=np.int64)[:, None] * ps + ids[None, :] * bs)  # (plane, block)
+            offsets = (base[:, :, None] + inner[None, None, :]).ravel()
+            s = np.empty((len(offsets), 3), dtype=np.int64)
+            s[:, 0], s[:, 1], s[:, 2] = layer, offsets, length
+            spans.append(s)
+        parts.append((spans[0], spans[1]))
+    if not parts:
+        empty = np.zeros((0, 3), dtype=np.int64)
+        return empty, empty
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

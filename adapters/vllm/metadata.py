@@ -46,5 +46,8 @@ class PdsdkHandshake(KVConnectorHandshakeMetadata):
     tp_rank: int
     descriptor: bytes
     geometry: list[list[int]]  # per layer: [planes, plane_stride, block_stride, block_bytes]
+    # per layer: [tokens, token_stride, head_stride, chunk] (pdsdk.kv.HeadGeometry); None: pages can't be
+    # sliced by KV head (heterogeneous TP refused)
+    heads: list[list[int]] | None = None
     store_keyspace: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

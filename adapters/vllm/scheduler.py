@@ -57,6 +57,7 @@ class SchedulerSide:
         for rank, meta in metadata.items():
             if meta.descriptor:
                 self.side_channel.entries[rank] = {"descriptor": meta.descriptor, "geometry": meta.geometry,
+                                                   "heads": getattr(meta, "heads", None),
                                                    "tp_rank": rank, "engine_id": self.engine_id}
         if self.side_channel.entries:
             log.info("pdsdk: side channel %s:%d serves %d worker(s)", self.host, self.side_channel.port,

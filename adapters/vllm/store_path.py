@@ -162,7 +162,7 @@ class StoreIO:
         self.store = open_store(spec)
         self.stats = stats or StatsRecorder()
         self.keyspace = keyspace
-        from pdsdk.adapters.vllm.worker import region_bytes
+        from pdsdk.adapters.vllm.pages import region_bytes
         from pdsdk.connectors.transports.buffers import torch_view
 
         self.views = [torch_view(t.data_ptr(), region_bytes(t), str(t.device)) for t in tensors]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -18,56 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from pdsdk.adapters.side_channel import fetch
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
+from pdsdk.adapters.vllm.pages import (READ_NOTE, ReadTracker, block_geometry, block_spans, head_geometry, read_note,
+                                       region_bytes)
 from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
-from pdsdk.kv import KVLayout, Region
+from pdsdk.kv import HeadGeometry, KVLayout, Region, head_plan, head_readers, head_slice_spans, rank_heads
 from pdsdk.plugins import registry
 
 log = logging.getLogger(__name__)
-READ_NOTE = b"pdsdk-read:"
 CORRUPT_ENV = "PDSDK_TEST_CORRUPT_KV"  # test-only fault hook: scribble over loaded pages
 STATS_ENV = "PDSDK_STATS_DIR"
-
-
-def block_geometry(tensor: Any, num_blocks: int) -> list[int]:
-    """[planes, plane_stride, block_stride, block_bytes] of one layer's KV cache tensor, from its strides:
-    a block is every element inside the block dimension's stride (whatever order the backend keeps
-    them in); dimensions with a larger stride are planes (K and V kept apart)."""
-    el = tensor.element_size()
-    shape, strides = tuple(tensor.shape), tensor.stride()
-    dims = [d for d in range(len(shape)) if shape[d] == num_blocks]
-    if not dims:
-        raise ValueError(f"pdsdk: no dimension of {num_blocks} blocks in a KV cache tensor of shape {shape}")
-    b = dims[0]
-    outer = [d for d in range(len(shape)) if d != b and strides[d] > strides[b]]
-    inner = math.prod(shape[d] for d in range(len(shape)) if d != b and d not in outer)
-    if inner != strides[b] or len(outer) > 1 or (outer and strides[outer[0]] != num_blocks * strides[b]):
-        raise ValueError(f"pdsdk: KV cache tensor of shape {shape} and strides {strides}: blocks are not dense "
-                         "in memory; this attention backend's layout is not supported yet")
-    planes = shape[outer[0]] if outer else 1
-    return [planes, strides[outer[0]] * el if outer else 0, strides[b] * el, inner * el]
-
-
-def region_bytes(tensor: Any) -> int:
-    """Bytes of memory a (possibly permuted, but dense) KV cache tensor spans."""
-    return tensor.numel() * tensor.element_size()
-
-
-def block_spans(block_ids: list[int], geometry: list[list[int]]) -> np.ndarray:
-    """Spans (layer region, offset, length) of the given blocks in every layer and plane."""
-    ids = np.asarray(block_ids, dtype=np.int64)
-    parts = []
-    for layer, (planes, plane_stride, block_stride, block_bytes) in enumerate(geometry):
-        for plane in range(planes):
-            part = np.empty((len(ids), 3), dtype=np.int64)
-            part[:, 0], part[:, 1], part[:, 2] = layer, plane * plane_stride + ids * block_stride, block_bytes
-            parts.append(part)
-    return np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
 
 
 class WorkerSide:
@@ -80,12 +43,16 @@ class WorkerSide:
         self.transport: Any = None
         self.geometry: list[list[int]] = []
         self._views: list[Any] = []
-        self._peers: dict[tuple[str, int], tuple[Any, list[list[int]]]] = {}
-        self._loading: dict[str, tuple[int, list[int], int, float]] = {}  # request -> (handle, blocks, bytes, start)
+        self.layout: KVLayout | None = None
+        self.heads: list[HeadGeometry] | str = "KV caches not registered"  # per layer, or why heads can't be sliced
+        # (engine, remote TP rank) -> (peer, its block geometry, its head geometry or None)
+        self._peers: dict[tuple[str, int], tuple[Any, list[list[int]], list[list[int]] | None]] = {}
+        # request -> (handles, blocks, bytes, start, failed): one handle per prefill rank read
+        self._loading: dict[str, tuple[list[int], list[int], int, float, bool]] = {}
         self._received: set[str] = set()
         self._load_errors: set[int] = set()
         self._sending: dict[str, float] = {}  # request -> lease expiry
-        self._read: dict[str, float] = {}  # request -> when the peer said it read it
+        self._reads = ReadTracker()  # which requests every expected decode reader has read
         self._finished: set[str] = set()
         self.store_io: Any = None
         self.keyspace: Any = None  # the store's key namespace, published to the scheduler in the handshake
@@ -104,7 +71,9 @@ class WorkerSide:
         layout = KVLayout(num_layers=len(tensors), num_kv_heads=model.get_total_num_kv_heads(),
                           head_dim=model.get_head_size(), page_size=self.vllm_config.cache_config.block_size,
                           dtype=str(first.dtype).removeprefix("torch."), kv_split=not model.use_mla,
-                          device=device, tp_rank=self.tp_rank, tp_size=self.tp_size)
+                          device=device, tp_rank=self.tp_rank, tp_size=self.tp_size, hetero_tp=True)
+        self.layout = layout
+        self.heads = self._head_geometry(tensors, num_blocks)
         if os.environ.get(STATS_ENV):
             threading.Thread(target=self._write_stats_forever, args=(Path(os.environ[STATS_ENV]),),
                              name="pdsdk-stats", daemon=True).start()
@@ -125,13 +94,32 @@ class WorkerSide:
         log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
                  self.transport.path(), layout.fingerprint())
 
+    def _head_geometry(self, tensors: list[Any], num_blocks: int) -> list[HeadGeometry] | str:
+        """Where the KV heads sit in each layer's blocks (for heterogeneous TP), or why they can't be sliced."""
+        layout = self.layout
+        if not layout.kv_split:
+            return "MLA: the latent is replicated, whole blocks are read"
+        try:
+            _, local_heads = rank_heads(layout.num_kv_heads, self.tp_size, self.tp_rank)
+        except ValueError as e:
+            return str(e)
+        heads = []
+        for t in tensors:
+            g = head_geometry(t, num_blocks, layout.page_size, local_heads)
+            if isinstance(g, str):
+                log.info("pdsdk: KV cache pages cannot be sliced by head (heterogeneous TP off): %s", g)
+                return g
+            heads.append(g)
+        return heads
+
     def handshake(self) -> PdsdkHandshake | None:
         """The transport descriptor (for PD peers, through the side channel) and the store key namespace
         (for the scheduler's lookups in a shared store): None when this engine has neither."""
         if self.transport is None and self.keyspace is None:
             return None
+        heads = [list(msgspec.structs.astuple(g)) for g in self.heads] if isinstance(self.heads, list) else None
         return PdsdkHandshake(tp_rank=self.tp_rank, descriptor=self.transport.descriptor() if self.transport else b"",
-                              geometry=self.geometry,
+                              geometry=self.geometry, heads=heads,
                               store_keyspace=msgspec.structs.asdict(self.keyspace) if self.keyspace else None)
 
     # --- every step ----------------------------------------------------------------------------
@@ -144,33 +132,71 @@ class WorkerSide:
             self._start_receive(request_id, receive)
 
     def _start_receive(self, request_id: str, r: Receive) -> None:
+        handles: list[int] = []
+        start = time.monotonic()
+        nbytes = 0
         try:
             if self.transport is None:
                 raise RuntimeError("this engine has no transport configured (pdsdk config 'transport')")
             if not r.remote_block_ids or len(r.remote_block_ids) != len(r.local_block_ids):
                 raise ValueError(f"{len(r.local_block_ids)} local blocks for {len(r.remote_block_ids)} remote ones")
-            if r.tp_size != self.tp_size:
-                raise NotImplementedError(f"prefill TP={r.tp_size}, decode TP={self.tp_size}: heterogeneous TP "
-                                          "(page slicing by KV heads) is not supported by this version")
             if r.lease_expiry is not None and time.time() > r.lease_expiry - 1.0:
                 raise TimeoutError("the prefill's lease on these blocks has expired")
-            peer, geometry = self._peer(r)
-            local = block_spans(r.local_block_ids, self.geometry)
-            start = time.monotonic()
-            handle = self.transport.read(peer, local, block_spans(r.remote_block_ids, geometry),
-                                         notify=READ_NOTE + r.request_id.encode())
-            self._loading[request_id] = (handle, r.local_block_ids, int(local[:, 2].sum()), start)
+            if r.tp_size == self.tp_size:  # same TP: whole blocks from the prefill rank of our rank
+                peer, geometry, _ = self._peer(r, self.tp_rank)
+                local = block_spans(r.local_block_ids, self.geometry)
+                handles.append(self.transport.read(peer, local, block_spans(r.remote_block_ids, geometry),
+                                                   notify=READ_NOTE + r.request_id.encode()))
+                nbytes = int(local[:, 2].sum())
+            else:
+                nbytes = self._start_hetero(r, handles)
+            self._loading[request_id] = (handles, r.local_block_ids, nbytes, start, False)
         except Exception as e:  # noqa: BLE001 - a failed load is recomputed or failed by vLLM, never raised
             log.error("pdsdk: KV load for request %s from %s failed: %s: %s", request_id, r.engine_id,
                       type(e).__name__, e)
-            self.stats.add(transfer_failures=1)
-            self._fail(request_id, r.local_block_ids)
+            if handles:  # reads already posted still write into our blocks: report once they are over
+                self._loading[request_id] = (handles, r.local_block_ids, nbytes, start, True)
+            else:
+                self.stats.add(transfer_failures=1)
+                self._fail(request_id, r.local_block_ids)
 
-    def _peer(self, r: Receive) -> tuple[Any, list[list[int]]]:
-        key = (r.engine_id, self.tp_rank)
+    def _start_hetero(self, r: Receive, handles: list[int]) -> int:
+        """Prefill TP != decode TP: one read per prefill rank holding some of our KV heads (page slices
+        by head), or, for MLA, whole blocks of a share of the layers. Appends the handles; returns bytes."""
+        layout = self.layout
+        plan = head_plan(layout.num_kv_heads, r.tp_size, self.tp_size, self.tp_rank, layout.kv_split)
+        nbytes = 0
+        for read in plan:
+            peer, geometry, heads = self._peer(r, read.remote_rank)
+            if peer.layout.tp_size != r.tp_size:
+                raise ValueError(f"prefill rank {read.remote_rank} has TP={peer.layout.tp_size}, its params say "
+                                 f"TP={r.tp_size}")
+            if layout.kv_split:
+                if isinstance(self.heads, str):
+                    raise NotImplementedError(f"prefill TP={r.tp_size}, decode TP={self.tp_size}: this decode "
+                                              f"rank cannot slice its pages by KV head: {self.heads}")
+                if heads is None:
+                    raise NotImplementedError(f"prefill TP={r.tp_size}, decode TP={self.tp_size}: prefill rank "
+                                              f"{read.remote_rank} cannot slice its pages by KV head (see its log)")
+                local, remote = head_slice_spans(r.local_block_ids, self.geometry, self.heads, r.remote_block_ids,
+                                                 geometry, heads, read)
+            else:  # MLA: the latent is the same on every rank
+                local, remote = block_spans(r.local_block_ids, self.geometry), block_spans(r.remote_block_ids, geometry)
+                keep = local[:, 0] % read.parts == read.part
+                local, remote = local[keep], remote[keep]
+            if not len(local):
+                continue
+            readers = head_readers(layout.num_kv_heads, r.tp_size, self.tp_size, read.remote_rank, layout.kv_split)
+            handles.append(self.transport.read(peer, local, remote,
+                                               notify=read_note(r.request_id, self.tp_rank, readers)))
+            nbytes += int(local[:, 2].sum())
+        return nbytes
+
+    def _peer(self, r: Receive, remote_rank: int) -> tuple[Any, list[list[int]], list[list[int]] | None]:
+        key = (r.engine_id, remote_rank)
         if key not in self._peers:
-            entry = fetch(r.host, r.port, self.tp_rank, self.config.timeouts.connect_s)
-            self._peers[key] = (self.transport.connect(entry["descriptor"]), entry["geometry"])
+            entry = fetch(r.host, r.port, remote_rank, self.config.timeouts.connect_s)
+            self._peers[key] = (self.transport.connect(entry["descriptor"]), entry["geometry"], entry.get("heads"))
         return self._peers[key]
 
     def _fail(self, request_id: str, local_block_ids: list[int]) -> None:
@@ -189,13 +215,18 @@ class WorkerSide:
         if self.transport is None:
             received, self._received = self._received, set()
             return None, received or None
-        for request_id, (handle, blocks, nbytes, start) in list(self._loading.items()):
-            status = self.transport.poll(handle)
-            if not status.final:
+        for request_id, (handles, blocks, nbytes, start, failed) in list(self._loading.items()):
+            statuses = [self.transport.poll(h) for h in handles]
+            if not all(s.final for s in statuses):
                 continue
             del self._loading[request_id]
-            self.transport.release(handle)
-            if status.state == "done":
+            for h in handles:
+                self.transport.release(h)
+            status = next((s for s in statuses if s.state != "done"), statuses[0])
+            if failed:
+                self.stats.add(transfer_failures=1)
+                self._fail(request_id, blocks)
+            elif status.state == "done":
                 self.stats.add(transfers=1, transfer_bytes=nbytes)
                 self.stats.time("transfer_seconds", time.monotonic() - start)
                 if os.environ.get(CORRUPT_ENV) == "1":
@@ -207,19 +238,18 @@ class WorkerSide:
                 self._fail(request_id, blocks)
         now = time.time()
         for _, note in self.transport.notifications():
-            if note.startswith(READ_NOTE):
-                self._read[note[len(READ_NOTE):].decode()] = now
+            self._reads.note(note, now)
         self._finished |= finished_req_ids
+        read = self._reads.read
         done = {r for r, expiry in self._sending.items()
-                if r in self._finished and (r in self._read or now > expiry)}
+                if r in self._finished and (r in read or now > expiry)}
         for r in done:
-            if r not in self._read:
-                log.warning("pdsdk: lease of request %s expired before a decode engine read it", r)
+            if r not in read:
+                log.warning("pdsdk: lease of request %s expired before every decode reader read it", r)
             del self._sending[r]
-            self._read.pop(r, None)
+            self._reads.forget(r)
         self._finished &= set(self._sending)
-        lease = self.config.timeouts.lease_s
-        self._read = {r: t for r, t in self._read.items() if now - t < 2 * lease}
+        self._reads.expire(now, 2 * self.config.timeouts.lease_s)
         received, self._received = self._received, set()
         return done or None, received or None
 

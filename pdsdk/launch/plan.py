@@ -61,6 +61,11 @@ class LaunchOptions:
     decode: int = 1
     tp: int = 1
     gpus: list[int] | None = None
+    # Heterogeneous TP: a prefill or decode TP other than `tp` (vLLM slices pages by KV head), and
+    # the GPUs of each worker in role order (prefill first), which may overlap (instead of `gpus`).
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    worker_gpus: list[list[int]] | None = None
     policy: str = "least_load"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -88,13 +93,24 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     load_config(config)  # fail here, naming the field, not in every worker
     served = opts.served_name or os.path.basename(os.path.normpath(opts.model))
     roles = ["prefill"] * opts.prefill + (["decode"] if opts.prefill else ["worker"]) * opts.decode
-    slots = placements(len(roles), opts.tp, opts.gpus)
+    tps = [{"prefill": opts.prefill_tp, "decode": opts.decode_tp}.get(role) or opts.tp for role in roles]
+    if min(tps) < 1:
+        raise ConfigError("prefill_tp/decode_tp", f"must be >= 1, got {tps}")
+    if opts.worker_gpus is not None:
+        if len(opts.worker_gpus) != len(roles) or any(len(g) != tp for g, tp in zip(opts.worker_gpus, tps)):
+            raise ConfigError("worker_gpus", f"one GPU list per worker ({roles}) of its TP ({tps}), "
+                                             f"got {opts.worker_gpus}")
+        slots = [{"CUDA_VISIBLE_DEVICES": ",".join(map(str, g))} for g in opts.worker_gpus]
+    elif len(set(tps)) > 1:
+        raise ConfigError("worker_gpus", "workers of different TP need their GPUs given per worker")
+    else:
+        slots = placements(len(roles), opts.tp, opts.gpus)
     counters: dict[str, int] = {}
     workers = []
-    for role, placement in zip(roles, slots):
+    for role, placement, tp in zip(roles, slots, tps):
         index = counters[role] = counters.get(role, -1) + 1
         port = free_port()
-        cmd, env = _worker_command(opts, role, port, served, config)
+        cmd, env = _worker_command(opts, role, port, served, config, tp)
         env.update(placement)
         workers.append(ProcessSpec(f"{role}-{index}", role, cmd, env, port))
     router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
@@ -118,21 +134,22 @@ def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
 
 
 def _worker_command(opts: LaunchOptions, role: str, port: int, served: str,
-                    config: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+                    config: dict[str, Any], tp: int | None = None) -> tuple[list[str], dict[str, str]]:
+    tp = tp or opts.tp
     if opts.engine == "vllm":
         from pdsdk.adapters.vllm.command import server_command
 
         args = list(opts.engine_args)
-        if not opts.gpus and "--block-size" not in args:
+        if not opts.gpus and not opts.worker_gpus and "--block-size" not in args:
             args += ["--block-size", "32"]  # vLLM's CPU attention needs a multiple of 32
         cmd = server_command(opts.model, port, host=opts.host, role=None if role == "worker" else role,
-                             pdsdk_config=config, served_name=served, tp=opts.tp, python=opts.python,
+                             pdsdk_config=config, served_name=served, tp=tp, python=opts.python,
                              extra_args=tuple(args))
         return cmd, {}
     from pdsdk.adapters.sglang.command import server_command as sglang_command
 
     return sglang_command(opts.model, port, host=opts.host, role=role, pdsdk_config=config, served_name=served,
-                          tp=opts.tp, python=opts.python, extra_args=tuple(opts.engine_args))
+                          tp=tp, python=opts.python, extra_args=tuple(opts.engine_args))
 
 
 def _router_command(opts: LaunchOptions, workers: list[ProcessSpec]) -> list[str]:

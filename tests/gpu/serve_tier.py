@@ -44,6 +44,10 @@ CONFIGS = {
     "pd-mooncake": dict(prefill=1, decode=1, gpus=[0, 1], transport=MOONCAKE),
     "pd-nccl": dict(prefill=1, decode=1, gpus=[0, 1], transport="nccl"),
     "pd-intree-nixl": dict(prefill=1, decode=1, gpus=[0, 1], native="NixlConnector"),
+    # Heterogeneous TP (issue #6): prefill TP=2 on GPUs 0,1, decode TP=1 on GPU 1 (pages sliced by KV
+    # head); two engines share GPU 1, so each takes 0.4 of its memory.
+    "pd-hetero-tp2-tp1": dict(prefill=1, decode=1, prefill_tp=2, worker_gpus=[[0, 1], [1]], transport="local",
+                              extra=["--gpu-memory-utilization", "0.4", "-cc.pass_config.fuse_allreduce_rms=False"]),
     # SGLang 0.5.15.post1: pdsdk as its transfer backend, beside SGLang's own nixl backend.
     "sglang-single": dict(engine="sglang", prefill=0, decode=1, gpus=[0]),
     "sglang-pd-local": dict(engine="sglang", prefill=1, decode=1, gpus=[0, 1], transport="local"),
