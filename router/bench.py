@@ -10,7 +10,8 @@ at the same percentile and concurrency).
   fast as the machine allows; once the router's core is busy, requests queue in it and the
   added latency is about streams x router CPU per request (it measures capacity).
 - paced (--paced-streams): the worker streams --paced-tokens tokens --paced-itl-ms apart, like
-  an engine under load; the router is not saturated and what it adds is its own delay.
+  an engine under load, and the streams start spread over one answer's time, as in a steady
+  state; the router is not saturated and what it adds is its own delay.
 Index: BlockStored batches in vLLM's wire format decoded and applied (block events/s = block
 hashes ingested per second; best of 3 passes, wall clock and CPU time of the ingesting thread),
 then prefix lookups of long prompts against the filled index (lookups/s).
@@ -83,13 +84,13 @@ def _spawn(argv: list[str], port: int) -> subprocess.Popen:
 
 
 def _measure(case: str, mode: str, port: int, streams: int, total: int, tokens: int,
-             procs: dict[str, subprocess.Popen]) -> dict[str, Any]:
+             procs: dict[str, subprocess.Popen], stagger_s: float = 0.0) -> dict[str, Any]:
     from pdsdk.router.loadgen import event_loop_runner, run_load
 
     body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": tokens, "stream": True}
     before = {k: _cpu_s(p.pid) for k, p in procs.items()}
     c0 = time.process_time()
-    res = event_loop_runner()(run_load("127.0.0.1", port, streams, total, body))
+    res = event_loop_runner()(run_load("127.0.0.1", port, streams, total, body, stagger_s=stagger_s))
     client = time.process_time() - c0
     after = {k: _cpu_s(p.pid) for k, p in procs.items()}
     lat, first = res.latency, res.ttfb
@@ -153,9 +154,10 @@ def latency(args) -> list[dict[str, Any]]:
     if args.paced_streams > 0:
         worker, router, wport, rport = _pair(args, args.paced_tokens, args.paced_itl_ms / 1e3)
         try:
-            n = args.paced_streams
-            d = _measure("direct", "paced", wport, n, n, args.paced_tokens, {"worker": worker})
-            r = _measure("router", "paced", rport, n, n, args.paced_tokens, {"worker": worker, "router": router})
+            n, spread = args.paced_streams, args.paced_tokens * args.paced_itl_ms / 1e3  # one answer's time
+            d = _measure("direct", "paced", wport, n, n, args.paced_tokens, {"worker": worker}, spread)
+            r = _measure("router", "paced", rport, n, n, args.paced_tokens, {"worker": worker, "router": router},
+                         spread)
             _added(d, r)
             out += [d, r]
         finally:

@@ -154,6 +154,8 @@ class Response:
 
     def hold(self, on: bool) -> None:
         """Stop (on) or restart reading from the worker, for a sink whose client is slow."""
+        if self._conn.resp is not self:  # finished: the connection is no longer ours
+            return
         if on != self._held and self._conn.transport is not None and not self._conn.closed:
             self._held = on
             if on:
@@ -184,6 +186,9 @@ class Response:
         conn = self._conn
         if conn.resp is self:
             conn.resp = None
+            if self._held and not conn.closed:  # the answer ended while its client was slow
+                self._held = False
+                conn.transport.resume_reading()
             if self._keep_alive and not conn.closed:
                 conn.pool._put(conn)
             else:

@@ -229,10 +229,12 @@ class LoadResult:
 
 
 async def run_load(host: str, port: int, streams: int, total: int, body: dict,
-                   path: str = "/v1/completions") -> LoadResult:
+                   path: str = "/v1/completions", stagger_s: float = 0.0) -> LoadResult:
     """`streams` keep-alive connections send `total` requests between them, each waiting for its
     whole answer before sending the next (closed loop). Every connection is opened and has
-    served one unrecorded request before the clock starts."""
+    served one unrecorded request before the clock starts. With `stagger_s`, stream i starts
+    i/streams of it later (and so does its warm-up), so that requests arrive spread out as in a
+    steady state rather than all in the same instant."""
     loop = asyncio.get_running_loop()
     payload = msgspec.json.encode(body)
     request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
@@ -250,15 +252,19 @@ async def run_load(host: str, port: int, streams: int, total: int, body: dict,
             raise RuntimeError(f"HTTP {status} from {host}:{port}: {bytes(proto.buf[:300])!r}")
         return t1 - t0, proto.first - t0
 
-    async def stream() -> None:
+    async def stream(i: int) -> None:
         try:
             _, proto = await loop.create_connection(_ClientProto, host, port)
+            if stagger_s:
+                await asyncio.sleep(stagger_s * i / streams)
             await one(proto)  # warm-up
         finally:
             ready.append(1)
             if len(ready) == streams:  # all connected (or failed: gather below raises)
                 go.set()
         await go.wait()
+        if stagger_s:
+            await asyncio.sleep(stagger_s * i / streams)
         for _ in counter:
             if proto.lost:
                 _, proto = await loop.create_connection(_ClientProto, host, port)
@@ -267,7 +273,7 @@ async def run_load(host: str, port: int, streams: int, total: int, body: dict,
             res.ttfb.append(first)
         proto.transport.close()
 
-    tasks = [asyncio.ensure_future(stream()) for _ in range(streams)]
+    tasks = [asyncio.ensure_future(stream(i)) for i in range(streams)]
     try:
         await go.wait()
         start = time.perf_counter()
