@@ -114,6 +114,12 @@ class PdsdkConnector(KVConnectorBase_V1):
             return None
         return PdsdkPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33+: sleep mode frees and remaps the KV cache; the transports' registrations (NIXL,
+        Mooncake, CUDA IPC handles) would point at the old memory, so vLLM refuses the combination."""
+        return False
+
     def shutdown(self) -> None:
         for side in (self._scheduler, self._worker):
             if side is not None:
