@@ -167,8 +167,9 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
             local_ids, remote_ids = rng.permutation(slots)[:args.pages], rng.permutation(slots)[:args.pages]
             local, rem = page_spans(0, local_ids, args.page_bytes), page_spans(0, remote_ids, args.page_bytes)
             seconds, ok = timed(local, rem, f"paged {args.pages} x {args.page_bytes} B", (local_ids, remote_ids))
-            staged = "staged" if transport._use_staging(remote, local, paged_bytes) else "direct"
-            records.append(_record(name, "paged", paged_bytes, args.pages, seconds, ok, f"{transport.path()} {staged}"))
+            how = "" if not cls.SUPPORTS_STAGING else \
+                " staged" if transport._use_staging(remote, local, paged_bytes) else " direct"
+            records.append(_record(name, "paged", paged_bytes, args.pages, seconds, ok, transport.path() + how))
     finally:
         peer.close()
         transport.close()
