@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def server(name, model, tmp_path, tp: int, role: str, transport: str, env: dict | None = None) -> VllmServer:
-    # Two cores: a TP=2 engine binds one OpenMP thread per rank ("0|1"), sharing them with its peer.
-    return VllmServer(name, model, tmp_path, cores="0|1" if tp == 2 else ("0" if role == "prefill" else "1"),
+    # Two cores: prefill on core 0, decode on core 1, every rank of a TP=2 engine on its engine's core
+    # ("0|0"). With "0|1" the TP=2 prefill's workers keep stepping on both cores while a send is pending,
+    # and the decode on core 1 did not take the request before the prefill's lease ran out.
+    core = "0" if role == "prefill" else "1"
+    return VllmServer(name, model, tmp_path, cores="|".join([core] * tp),
                       role=role, pdsdk_config={"transport": transport}, env=env,
                       extra_args=("--tensor-parallel-size", "2") if tp == 2 else ())
 
