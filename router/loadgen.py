@@ -187,8 +187,7 @@ class _ClientProto(asyncio.Protocol):
         return self.done
 
     def data_received(self, data):
-        if not self.first:
-            self.first = time.perf_counter()
+        now = time.perf_counter()
         self.buf += data
         buf = self.buf
         if self._body_at < 0:
@@ -202,6 +201,8 @@ class _ClientProto(asyncio.Protocol):
                 i = head.find(b"content-length:")
                 self._length = int(head[i + 15:].split(b"\r\n", 1)[0]) if i >= 0 else 0
             self._body_at = self._scan = end + 4
+        if not self.first and len(buf) > self._body_at:  # first body byte (a token), not the head
+            self.first = now
         if self._chunked:
             while True:
                 eol = buf.find(b"\r\n", self._scan)
@@ -223,7 +224,7 @@ class _ClientProto(asyncio.Protocol):
 @dataclass
 class LoadResult:
     latency: list[float] = field(default_factory=list)  # seconds, request written to last byte
-    ttfb: list[float] = field(default_factory=list)  # seconds, request written to first byte
+    ttfb: list[float] = field(default_factory=list)  # seconds, request written to first body byte
     seconds: float = 0.0
     errors: int = 0
 
