@@ -166,9 +166,11 @@ def faults_section(f: dict[str, Any] | None) -> str:
     if not f:
         return ""
     verdict = "**0 / 0 / 0**" if f.get("ok") else "**not met**"
-    out = ["#### Chaos run", "",
-           f"`{f.get('cell', '?')}`, {f.get('requests')} requests at {f.get('rate')}/s, deadline {f.get('deadline_s')} s; "
-           f"faults: {', '.join(f'{k} x{v}' for k, v in (f.get('fault_counts') or {}).items()) or 'none injected'}.", "",
+    control = not (f.get("options") or {}).get("kinds", True)
+    out = ["#### Chaos run" + (" (control: the same load, no faults injected)" if control else ""), "",
+           f"`{f.get('cell', '?')}`, {f.get('requests')} requests at {f.get('rate')}/s, deadline {f.get('deadline_s')} s"
+           + (f", machine load average {f['loadavg_1m']} at the end" if f.get("loadavg_1m") is not None else "")
+           + "; " f"faults: {', '.join(f'{k} x{v}' for k, v in (f.get('fault_counts') or {}).items()) or 'none injected'}.", "",
            table(["requests", "completed", "lost", "wrong outputs", "past deadline", "goal 0/0/0", "router retries"],
                  [[str(f.get("requests")), str(f.get("completed")), str(f.get("lost")), str(f.get("wrong")),
                    str(f.get("late")), verdict, _f(f.get("router_retries"), 0)]]), ""]
@@ -184,10 +186,13 @@ def faults_section(f: dict[str, Any] | None) -> str:
         out += [f"Transfers during the run: {t.get('transfers')} done, {t.get('failed')} failed"
                 + (f" ({', '.join(f'{k}: {v}' for k, v in t['failures'].items())})" if t.get("failures") else "")
                 + f"; store: {', '.join(f'{k} {v}' for k, v in (f.get('store') or {}).items() if k in ('hits', 'misses', 'puts', 'errors'))}.", ""]
-    if f.get("events"):
+    events = [e for e in f.get("events") or () if "skipped" not in e.get("note", "")]
+    if events:
+        skipped = len(f["events"]) - len(events)
         out += ["Fault timeline (s from the start of the load): "
                 + "; ".join(f"{e['t']:.0f} {e['kind']} {e['target']}" + (f" ({e['note']})" if e.get("note") else "")
-                            for e in f["events"][:30]), ""]
+                            for e in events[:30])
+                + (f"; {skipped} more not injected (they would have left no prefill worker)." if skipped else "."), ""]
     return "\n".join(out)
 
 
@@ -212,17 +217,19 @@ def tier_section(tier: dict[str, Any]) -> str:
         p = next((phase(c, "load") for c in grid if phase(c, "load")), None)
         body += ["#### Cells" + (f" ({p['describe']}, {p['phase']['rate']} req/s)" if p else ""), "",
                  table(CELL_COLUMNS, [cell_row(c) for c in grid]), ""]
-    body.append(seed_tables(cells))
-    body.append(faults_section(tier.get("faults")))
+    for extra in (seed_tables(cells), faults_section(tier.get("faults"))):
+        if extra:
+            body += [extra, ""]
     failures = [c for c in cells if c["status"] == "failed"]
     if failures:
         body += ["#### Failures", ""]
         for c in failures:
-            body.append(f"<details><summary><code>{c['key']}</code>: {_html(c['reason'])}</summary>\n")
+            load = f" (load average {c['loadavg_1m']})" if c.get("loadavg_1m") is not None else ""
+            body.append(f"<details><summary><code>{c['key']}</code>{load}: {_html(c['reason'])}</summary>\n")
             for name, lines in (c.get("log_tail") or {}).items():
                 body += [f"{name}:", "```", *[line[:200] for line in lines[-15:]], "```"]
             body.append("</details>\n")
-    return "\n".join(head + [b for b in body if b])
+    return "\n".join(head + body).replace("\n\n\n", "\n\n")
 
 
 def _html(text: str) -> str:
@@ -238,8 +245,18 @@ def compat_section(tier: dict[str, Any]) -> str:
     for c in tier["cells"]:
         v = c["run"].get("versions") or {}
         status = {"ok": "works", "failed": "**fails**", "skipped": "not run"}[c["status"]]
+        check = c.get("correctness") or {}
+        if c["status"] == "ok" and check and check["equal"] < check["expected"]:
+            status += f" (greedy {check['equal']}/{check['expected']} equal: not required here)"
         rows.append([f"`{c['id']}`" + (f" ({c['group']})" if c.get("group", "grid") != "grid" else ""), status,
                      *[str(v.get(k) or "-") for k in COMPONENTS], c["run"].get("date") or "-"])
+    f = tier.get("faults")
+    if f:
+        v = f["run"].get("versions") or {}
+        status = "chaos goal met (0/0/0)" if f.get("ok") else \
+            f"**chaos goal not met**: lost {f.get('lost')}, wrong {f.get('wrong')}, late {f.get('late')}"
+        rows.append([f"`{f.get('cell')}` (faults)", status, *[str(v.get(k) or "-") for k in COMPONENTS],
+                     f["run"].get("date") or "-"])
     machines = "; ".join(sorted({str(r.get("machine")) for r in tier["runs"]}))
     return "\n".join([f"### Tier `{tier['tier']}` ({machines})", "",
                       table(["cell", "result", *COMPONENTS, "date"], rows), ""])

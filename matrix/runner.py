@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import io
 import json
+import os
 import sys
 import time
 import traceback
@@ -366,6 +367,7 @@ class Runner:
         return "next cell"
 
     def _done(self, rec: dict[str, Any]) -> dict[str, Any]:
+        rec["loadavg_1m"] = round(os.getloadavg()[0], 1)  # a shared machine's load explains slow or failed cells
         if rec.get("group") != "baseline":
             self.record["cells"].append(rec)
         else:

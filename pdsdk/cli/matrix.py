@@ -30,7 +30,7 @@ SCALES = {
     "gpu": {"isl": 1024, "osl": 256, "num_prompts": 200, "request_rate": 20.0, "low": (50, 5.0),
             "fault_requests": 500, "fault_rate": 10.0, "deadline": 120.0},
     "cpu": {"isl": 256, "osl": 32, "num_prompts": 24, "request_rate": 4.0, "low": (8, 1.0),
-            "fault_requests": 40, "fault_rate": 1.0, "deadline": 120.0},
+            "fault_requests": 60, "fault_rate": 1.0, "deadline": 120.0},
 }
 
 
@@ -48,8 +48,10 @@ def register(sub) -> None:
     a("--seed-tables", action="store_true", help="also the seed article's layouts: single vs TP=2 vs PD 1P1D at low and "
                                                 "high load, prefix cache cold/warm/flush, chunked prefill off, FP8 KV")
     a("--faults", action="store_true", help="also a chaos run: prefill kills, stalled transfers, a store outage")
-    a("--fault-requests", type=int, default=None, help="requests in the chaos run (default 500 on GPUs, 40 on CPU)")
+    a("--fault-requests", type=int, default=None, help="requests in the chaos run (default 500 on GPUs, 60 on CPU)")
     a("--fault-rate", type=float, default=None, help="chaos arrivals per second (default 10 on GPUs, 1 on CPU)")
+    a("--fault-kinds", default="stall_prefill,store_outage,kill_prefill",
+      help="chaos: faults to inject (default all three); 'none' runs the same load without faults (a control)")
     a("--deadline", type=float, default=None, help="chaos: seconds a request may take before it counts as late "
                                                    "(default 120)")
     a("--model", default=None, help="model folder or name (default: the tiny local model, made under --out)")
@@ -68,6 +70,8 @@ def register(sub) -> None:
     a("--out", default=None, help="results, reports and logs go here (default ./pdsdk-logs/matrix-<time>)")
     a("--md", default=None, help="also update this markdown file's section for this tier (e.g. docs/matrix.md)")
     a("--compat-md", default=None, help="also update this compatibility table (e.g. docs/compat.md)")
+    a("--only", default=None, help="comma-separated glob patterns over cell keys: run just these, e.g. "
+                                   "'vllm/1P1D/*/memory,seed:*' (see --list)")
     a("--list", action="store_true", help="print the cells (and why any cannot run here) and start nothing")
     a("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run)
@@ -130,6 +134,13 @@ def build_cells(args, sel: dict, gpus, scale: dict):
         prefix = C.Phase("prefix", n_low, isl, osl, r_low, seed=3)
         for engine in engines:
             cells += C.seed_cells(engine, transports[0], low, high, prefix)
+    if args.only:
+        import fnmatch
+
+        patterns = C.split(args.only, "--only")
+        cells = [c for c in cells if any(fnmatch.fnmatchcase(c.key, p) for p in patterns)]
+        if not cells:
+            raise ConfigError("--only", f"{args.only!r} matches no cell; `pdsdk matrix --list` shows the keys")
     for cell in cells:
         cell.skip = C.why_not(cell, gpus)
     return cells
@@ -180,7 +191,8 @@ def run(args) -> int:
 
         faults = FaultOptions(requests=args.fault_requests or scale["fault_requests"],
                               rate=args.fault_rate or scale["fault_rate"], deadline_s=args.deadline or scale["deadline"],
-                              transport=C_first(sel["transports"]), engine=C_first(sel["engines"]))
+                              transport=C_first(sel["transports"]), engine=C_first(sel["engines"]),
+                              restart=bool(gpus), kinds=fault_kinds(args.fault_kinds))
     runnable = [c for c in cells if not c.skip]
     total = len(runnable) + (1 if faults else 0)
     console.print(f"[bold]pdsdk matrix[/]: {len(cells)} cells ({len(cells) - len(runnable)} cannot run here), "
@@ -231,6 +243,20 @@ def run(args) -> int:
     bad = [c for c in record["cells"] if c["status"] == "failed"]
     chaos = record.get("faults") or {}
     return 1 if bad or (chaos and not chaos.get("ok")) else 0
+
+
+def fault_kinds(value: str) -> tuple[str, ...]:
+    from pdsdk.errors import ConfigError
+    from pdsdk.matrix.faults import KINDS
+
+    if value.strip() == "none":
+        return ()
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ConfigError("--fault-kinds", f"unknown {', '.join(bad) or 'empty list'}; valid: {', '.join(KINDS)}, "
+                                           "or none")
+    return kinds
 
 
 def C_first(value: str) -> str:

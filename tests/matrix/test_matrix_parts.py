@@ -46,6 +46,10 @@ def test_list_shows_seed_layouts_and_reasons():
     assert done.returncode == 0, done.stderr
     assert "vllm/1P1D/local/memory" in done.stderr and "seed:vllm/single/-/none/tp2" in done.stderr
     assert "TP=2 needs GPUs" in done.stderr
+    only = run_cli("matrix", "--preset", "ci", "--seed-tables", "--only", "seed:*prefix-cache,vllm/1P1D/local/*", "--list")
+    assert only.returncode == 0 and only.stderr.count("runs") == 3, only.stderr
+    none = run_cli("matrix", "--only", "nothing*", "--list")
+    assert none.returncode == 2 and "--only" in none.stderr
 
 
 def test_compare_finds_the_first_differing_token():
@@ -97,6 +101,7 @@ def test_compat_lists_versions_per_cell(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| `vllm/1P1D/nixl/none`"))
     assert VERSIONS["vllm"] in row and VERSIONS["nixl"] in row and "works" in row
     assert "**fails**" in text and "not run" in text
+    assert "`vllm/2P1D/nixl/redis` (faults) | chaos goal met (0/0/0)" in text
 
 
 def test_merge_keeps_the_later_file_per_cell():
