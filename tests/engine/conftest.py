@@ -32,15 +32,21 @@ def model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
-@pytest.fixture(scope="session")
-def baseline(model, tmp_path_factory) -> list[str]:
-    """Greedy outputs of one plain vLLM engine (no connector), on both cores."""
+def plain_outputs(model: str, log_dir, cores: str, tp: int = 1) -> list[str]:
+    """Greedy outputs for PROMPTS of one plain vLLM engine (no connector), started and stopped here."""
     from engine.servers import VllmServer, start_all
 
-    server = VllmServer("baseline", model, tmp_path_factory.mktemp("baseline"), cores="0-1")
+    server = VllmServer(f"baseline-tp{tp}", model, log_dir, cores=cores,
+                        extra_args=("--tensor-parallel-size", str(tp)) if tp > 1 else ())
     start_all(server)
     try:
         return [server.complete({"model": "tiny", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
                 ["choices"][0]["text"] for p in PROMPTS]
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def baseline(model, tmp_path_factory) -> list[str]:
+    """Greedy outputs of one plain vLLM engine (no connector), on both cores."""
+    return plain_outputs(model, tmp_path_factory.mktemp("baseline"), cores="0-1")

@@ -12,7 +12,7 @@ they land changes the outputs; every prefill rank frees its pages on the decode 
 from __future__ import annotations
 
 import pytest
-from engine.conftest import MAX_TOKENS, PROMPTS
+from engine.conftest import MAX_TOKENS, PROMPTS, plain_outputs
 from engine.servers import VllmServer, pd_complete, start_all
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -31,14 +31,7 @@ def server(name, model, tmp_path, tp: int, role: str, transport: str, env: dict 
 @pytest.fixture(scope="module")
 def baseline_tp2(model, tmp_path_factory) -> list[str]:
     """Greedy outputs of one plain vLLM engine at TP=2 (one rank per core)."""
-    server = VllmServer("baseline-tp2", model, tmp_path_factory.mktemp("baseline-tp2"), cores="0|1",
-                        extra_args=("--tensor-parallel-size", "2"))
-    start_all(server)
-    try:
-        return [server.complete({"model": "tiny", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
-                ["choices"][0]["text"] for p in PROMPTS]
-    finally:
-        server.stop()
+    return plain_outputs(model, tmp_path_factory.mktemp("baseline-tp2"), cores="0|1", tp=2)
 
 
 def check_pair(prefill: VllmServer, decode: VllmServer, references: list[list[str]], rounds: int = 2) -> None:
