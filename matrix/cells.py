@@ -158,9 +158,9 @@ def why_not(cell: Cell, gpus: list[int] | None) -> str:
         return f"TP={cell.tp} needs GPUs (--gpus with {cell.workers * cell.tp} ids); vLLM TP on 2 shared CPU cores is not run"
     if gpus and len(gpus) < cell.workers * cell.tp:
         return f"needs {cell.workers * cell.tp} GPUs ({cell.workers} workers x TP {cell.tp}); --gpus gave {len(gpus)}"
-    if cell.prefill == 0 and cell.store != "none":
-        return ("a single worker gets no PdsdkConnector from `pdsdk launch --prefill 0`, so a store has "
-                "nothing to attach to; stores run in the PD cells")
+    if cell.engine == "sglang" and cell.prefill == 0 and cell.store != "none":
+        return ("`pdsdk launch` does not give plain SGLang workers a HiCache store yet; SGLang's stores run "
+                "in its PD cells")
     from pdsdk.plugins import registry
 
     if cell.transport:

@@ -142,7 +142,10 @@ def _worker_command(opts: LaunchOptions, role: str, port: int, served: str,
         args = list(opts.engine_args)
         if not opts.gpus and not opts.worker_gpus and "--block-size" not in args:
             args += ["--block-size", "32"]  # vLLM's CPU attention needs a multiple of 32
-        cmd = server_command(opts.model, port, host=opts.host, role=None if role == "worker" else role,
+        # A plain worker gets the connector only for a store (prefix reuse, no PD: kv_both, no transport).
+        if role == "worker":
+            role = "both" if config.get("store") else None
+        cmd = server_command(opts.model, port, host=opts.host, role=role,
                              pdsdk_config=config, served_name=served, tp=tp, python=opts.python,
                              extra_args=tuple(args))
         return cmd, {}

@@ -41,6 +41,15 @@ def test_plain_mode_has_no_connector():
     assert plan.router.cmd.count("--worker") == 2
 
 
+def test_plain_workers_with_a_store_get_the_connector_for_it_alone():
+    plan = build_plan(LaunchOptions(engine="vllm", model="/m", prefill=0, decode=2, store="memory"))
+    for w in plan.workers:
+        kv = json.loads(w.cmd[w.cmd.index("--kv-transfer-config") + 1])
+        assert kv["kv_role"] == "kv_both"
+        assert kv["kv_connector_extra_config"]["transport"] is None
+        assert kv["kv_connector_extra_config"]["store"] == "memory"
+
+
 def test_dry_run_prints_commands_and_env_and_starts_nothing():
     out = run_cli("launch", "--engine", "vllm", "--model", "/m/tiny", "--transport", "mooncake", "--dry-run",
                   "--", "--max-model-len", "512")
