@@ -47,6 +47,7 @@ class WorkerSide:
         self.heads: list[HeadGeometry] | str = "KV caches not registered"  # per layer, or why heads can't be sliced
         # (engine, remote TP rank) -> (peer, its block geometry, its head geometry or None)
         self._peers: dict[tuple[str, int], tuple[Any, list[list[int]], list[list[int]] | None]] = {}
+        self._unreachable: dict[tuple[str, int], tuple[float, str]] = {}  # (engine, rank) -> (retry after, why)
         # request -> (handles, blocks, bytes, start, failed): one handle per prefill rank read
         self._loading: dict[str, tuple[list[int], list[int], int, float, bool]] = {}
         self._received: set[str] = set()
@@ -193,10 +194,23 @@ class WorkerSide:
         return nbytes
 
     def _peer(self, r: Receive, remote_rank: int) -> tuple[Any, list[list[int]], list[list[int]] | None]:
+        """The connected prefill rank (cached). A rank that failed to answer is not asked again for
+        `connect_s`: this runs in the engine's step, and a stopped prefill would otherwise cost every
+        one of its requests a full connect timeout there."""
         key = (r.engine_id, remote_rank)
-        if key not in self._peers:
+        if key in self._peers:
+            return self._peers[key]
+        until, reason = self._unreachable.get(key, (0.0, ""))
+        if time.monotonic() < until:
+            raise ConnectionError(f"prefill {r.engine_id} rank {remote_rank} did not answer {reason}; "
+                                  f"not retried for another {until - time.monotonic():.1f}s")
+        try:
             entry = fetch(r.host, r.port, remote_rank, self.config.timeouts.connect_s)
             self._peers[key] = (self.transport.connect(entry["descriptor"]), entry["geometry"], entry.get("heads"))
+        except Exception as e:
+            self._unreachable[key] = (time.monotonic() + self.config.timeouts.connect_s, f"({type(e).__name__}: {e})")
+            raise
+        self._unreachable.pop(key, None)
         return self._peers[key]
 
     def _fail(self, request_id: str, local_block_ids: list[int]) -> None:
