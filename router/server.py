@@ -182,10 +182,16 @@ class Router:
         return resp
 
 
+SHUTDOWN_GRACE_S = 5.0
+
+
 async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     """Start a router on cfg.host:cfg.port (port 0: any free port); returns the bound port."""
     router = Router(cfg)
-    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
+    # Stopping waits at most SHUTDOWN_GRACE_S for requests in flight (aiohttp's default is 60 s: a
+    # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
     await site.start()
