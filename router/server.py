@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 
 import aiohttp
@@ -204,8 +205,13 @@ def run(cfg: RouterConfig) -> None:
         router, runner, port = await start(cfg)
         print(f"pdsdk router on http://{cfg.host}:{port} ({'PD' if cfg.pd else 'plain'}, {cfg.engine}, "
               f"policies {', '.join(f'{r}={p.name}' for r, p in router.policies.items())})", flush=True)
+        stop = asyncio.Event()
+        # Handled explicitly: a process started in the background inherits SIGINT as ignored, and
+        # SIGTERM's default would skip the cleanup (workers' connections, kv-event streams).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
 
