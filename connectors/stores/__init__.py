@@ -7,7 +7,7 @@ BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
     "memory": ("pdsdk.connectors.stores.memory:MemoryStore", None, (),
                "pages in process RAM, byte-bounded, hint-aware LRU"),
     "disk": ("pdsdk.connectors.stores.disk:DiskStore", None, (),
-             "a page file each under a directory, checksummed, survives restarts"),
+             "pages appended to segment files under a directory, checksummed, survives restarts"),
     "redis": ("pdsdk.connectors.stores.redis_store:RedisStore", "redis", ("redis",),
               "a shared redis-server; pipelined batches, misses and backoff on outages"),
     "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake",),

@@ -4,9 +4,9 @@ hint-aware LRU.
 Layout: `<path>/<id>.seg` (id: 8 hex digits, increasing), each a run of records
     header (magic, state, version, hints, absolute expiry, payload length, payload checksum,
             key length, CRC-32 of the header and key) | key | payload
-The payload checksum is CRC-32, or for pages from 64 KiB a CRC-32 of block sums (_checksum).
+The payload checksum is CRC-32, or for pages from 64 KiB a CRC-32 of block sums (checksum).
 A put appends its batch to the open segment, a pwritev per chunk of pages, while helper threads
-checksum the next chunks (_Shared): a page costs a checksum and a copy into the page cache, not a
+checksum the next chunks (Shared): a page costs a checksum and a copy into the page cache, not a
 file create and rename. A new segment starts once the open one reaches `segment_bytes`.
 The index (key -> segment, offset) is in memory, rebuilt on open by reading the headers,
 oldest segment first, so a reopened store finds its pages in roughly their LRU order.
@@ -33,32 +33,31 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import re
 import shutil
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.disk_io import Shared, as_buffer, fitting, pwrite_all
+from pdsdk.connectors.stores.disk_record import (
+    DEAD,
+    FIELDS,
+    HEADER_SIZE,
+    KEEP,
+    LIVE,
+    PIN,
+    STATE_AT,
+    checksum,
+    header,
+    parse,
+)
 from pdsdk.connectors.stores.retention import Retention
 
-MAGIC = b"PDKS"
-VERSION = 2
-LIVE, DEAD = b"\x01", b"\x00"  # the state byte, right after the magic
-STATE_AT = 4
-# after magic and state: version, flags (1 pin, 2 keep), priority, expiry (unix time, 0 none),
-# payload length, payload checksum, key length; then the crc32 of these fields and the key
-FIELDS = struct.Struct("<BBhdQIH")
-CRC = struct.Struct("<I")
-HEADER_SIZE = 5 + FIELDS.size + CRC.size  # 35 bytes
-PIN, KEEP = 1, 2
 SUFFIX = ".seg"
 SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
@@ -67,128 +66,6 @@ CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHU
 CHUNK_MAX = 1 << 20  # a chunk checksummed just before its write is still in the L2 cache
 CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
 BAD = -2  # a damaged record: a miss, and the record goes
-SUM_MIN = 64 << 10  # pages from this size are checked by block sums (_checksum)
-BLOCK_WORDS = 512  # a block: 4 KiB of little-endian 64-bit words
-
-
-def _header(key: bytes, length: int, crc: int, flags: int, priority: int, expires: float) -> bytes:
-    fields = FIELDS.pack(VERSION, flags, priority, expires, length, crc, len(key))
-    return b"".join((MAGIC, LIVE, fields, CRC.pack(zlib.crc32(key, zlib.crc32(fields))), key))
-
-
-def _parse(head: bytes):
-    """(state, flags, priority, expires, length, crc, key) from a record's first bytes, or None
-    when they are not a whole, intact header and key."""
-    if len(head) < HEADER_SIZE or head[:4] != MAGIC:
-        return None
-    fields = head[5:5 + FIELDS.size]
-    version, flags, priority, expires, length, crc, keylen = FIELDS.unpack(fields)
-    key = bytes(head[HEADER_SIZE:HEADER_SIZE + keylen])
-    if version != VERSION or len(key) != keylen or \
-            CRC.unpack_from(head, 5 + FIELDS.size)[0] != zlib.crc32(key, zlib.crc32(fields)):
-        return None
-    return head[STATE_AT:STATE_AT + 1], flags, priority, expires, length, crc, key
-
-
-def _checksum(page: memoryview) -> int:
-    """A page's checksum. Below SUM_MIN, its CRC-32. From SUM_MIN, the CRC-32 of its block sums:
-    the page as 4 KiB blocks of 64-bit words (mod 2^64), the sum of each block and the sum of each
-    word position over the blocks, then any tail under 4 KiB. zlib's CRC-32 runs at 2-3 GB/s
-    here, slower than the page cache takes writes (about 4); the sums run at 7-9 (numpy, and the
-    GIL released like zlib's), so a put's checksum no longer costs more than its write.
-    Any change confined to one block or to at most three words changes the sums; the CRC-32 then
-    misses it with a chance of 2^-32, as it would miss random damage in the page itself. Only
-    damage to four or more words whose changes cancel in both their blocks and their word
-    positions goes unseen by the sums (docs/stores.md, "Disk layout")."""
-    if page.nbytes < SUM_MIN:
-        return zlib.crc32(page)
-    data = np.frombuffer(page, np.uint8)
-    bulk = data.size - data.size % (8 * BLOCK_WORDS)
-    blocks = data[:bulk].view("<u8").reshape(-1, BLOCK_WORDS)
-    crc = zlib.crc32(blocks.sum(axis=1).tobytes())
-    crc = zlib.crc32(blocks.sum(axis=0).tobytes(), crc)
-    return zlib.crc32(data[bulk:], crc)
-
-
-def _as_buffer(page: Buffer) -> memoryview:
-    """A page as a memoryview for crc32 and pwritev (any contiguous buffer will do, which is
-    cheaper than byte_view's cast); byte_view for what does not export one (torch tensors)."""
-    try:
-        return memoryview(page)
-    except TypeError:
-        return byte_view(page)
-
-
-def _fitting(sizes: list[int], room: int) -> int:
-    """How many of the leading sizes fit in `room` bytes."""
-    return next((j for j, total in enumerate(itertools.accumulate(sizes)) if total > room), len(sizes))
-
-
-def _pwrite_all(fd: int, parts: list, offset: int) -> None:
-    """pwritev may write less than asked (and takes at most IOV_MAX buffers): go on until done."""
-    parts, i = list(parts), 0  # the caller's list stays whole, for a retry
-    while i < len(parts):
-        done = os.pwritev(fd, parts[i:i + 1024], offset)
-        if done <= 0:
-            raise OSError(errno.EIO, "pwritev wrote nothing")
-        offset += done
-        while i < len(parts) and done >= memoryview(parts[i]).nbytes:
-            done -= memoryview(parts[i]).nbytes
-            i += 1
-        if done:
-            parts[i] = memoryview(parts[i]).cast("B")[done:]
-
-
-class _Shared:
-    """The items of one call, computed by the calling thread and by pool threads helping it:
-    whoever is free takes the next item. A call costs one hand-off per helper and never waits
-    for a helper the OS has not scheduled yet (this machine's two cores are shared): the caller
-    goes on with the items no one has taken. Checksums (zlib, numpy) and file I/O release the
-    GIL, so helpers run beside the caller. Without helpers, an item is computed when asked for."""
-
-    _PENDING = object()
-
-    def __init__(self, fn, n: int, pool: ThreadPoolExecutor | None, helpers: int):
-        self.fn, self.n = fn, n
-        self.results: list = [self._PENDING] * n
-        self._next = itertools.count()  # its __next__ is atomic under the GIL
-        helpers = helpers if pool is not None and n > 1 else 0
-        self._done = [threading.Lock() for _ in range(n)] if helpers else None  # held until item i is done
-        for lock in self._done or ():
-            lock.acquire()
-        for _ in range(helpers):
-            pool.submit(self._help)
-
-    def _help(self) -> None:
-        while (i := next(self._next)) < self.n:
-            self._run(i)
-
-    def _run(self, i: int) -> None:
-        try:
-            self.results[i] = self.fn(i)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller by result()
-            self.results[i] = e
-        finally:
-            if self._done:
-                self._done[i].release()
-
-    def stop(self) -> None:
-        """Leave the items no one has taken (the caller does not need them)."""
-        self.n = 0
-
-    def result(self, i: int):
-        """Item i, computing the next free items meanwhile if a helper holds it."""
-        if self._done is None:
-            return self.fn(i)
-        while self.results[i] is self._PENDING:
-            j = next(self._next)
-            if j < self.n:
-                self._run(j)
-            else:
-                self._done[i].acquire()
-        if isinstance(self.results[i], BaseException):
-            raise self.results[i]
-        return self.results[i]
 
 
 class _Segment:
@@ -230,7 +107,7 @@ class DiskStore(Store):
         self._disk = 0  # bytes of all segment files
         self._next_id = 0
         self.root.mkdir(parents=True, exist_ok=True)
-        # Helpers checksum a put's next chunks while the caller writes (_Shared), and read and
+        # Helpers checksum a put's next chunks while the caller writes (Shared), and read and
         # check a large get's pages beside the caller.
         self._helpers = max(0, io_threads - 1)  # the calling thread is one of the io_threads
         self._pool = ThreadPoolExecutor(self._helpers, f"pdsdk-{name}-io") if self._helpers else None
@@ -280,7 +157,7 @@ class DiskStore(Store):
                 self._record_error()
                 off = size
                 break
-            rec = _parse(head)
+            rec = parse(head)
             end = off + HEADER_SIZE + len(rec[6]) + rec[4] if rec else size + 1
             if end > size:
                 log.warning("%s: %s has a torn or damaged record at offset %d: cut there (%d bytes dropped)",
@@ -391,7 +268,7 @@ class DiskStore(Store):
             seg = self._open_segment()
         off = seg.size
         try:
-            _pwrite_all(seg.fd, parts, off)
+            pwrite_all(seg.fd, parts, off)
             if self.fsync:
                 os.fdatasync(seg.fd)
         except OSError:
@@ -480,7 +357,7 @@ class DiskStore(Store):
         be unreachable."""
         hints = hints or Hints()
         keys = [k if type(k) is bytes else bytes(k) for k in keys[: len(pages)]]
-        views = [_as_buffer(p) for p in pages[: len(keys)]]
+        views = [as_buffer(p) for p in pages[: len(keys)]]
         batch = set(keys)
         todo, seen = [], set()
         with self._lock:
@@ -491,15 +368,15 @@ class DiskStore(Store):
                 seen.add(key)
         sizes = [HEADER_SIZE + len(keys[i]) + views[i].nbytes for i in todo]
         chunks = self._chunks(sizes)
-        crcs = _Shared(lambda c: [_checksum(views[todo[j]]) for j in range(*chunks[c])], len(chunks),
+        crcs = Shared(lambda c: [checksum(views[todo[j]]) for j in range(*chunks[c])], len(chunks),
                        self._pool, self._helpers if sum(sizes) >= PARALLEL_BYTES else 0)
         written = 0  # how many of todo are stored, in order
         try:
             with self._wlock:
                 with self._lock:
-                    want = _fitting(sizes, self.capacity_bytes)  # more never fits
+                    want = fitting(sizes, self.capacity_bytes)  # more never fits
                     _, victims, demote = self._make_room(sum(sizes[:want]), batch, self.capacity_bytes)
-                    n = _fitting(sizes, self.capacity_bytes - self._disk)
+                    n = fitting(sizes, self.capacity_bytes - self._disk)
                 self._after_evict(victims, demote)
                 if n < len(todo):
                     log.warning("%s: no room for %d of %d pages (capacity %d, the rest pinned or in this batch)",
@@ -515,7 +392,7 @@ class DiskStore(Store):
                     parts = []
                     for j in range(a, b):
                         i = todo[j]
-                        parts += (_header(keys[i], views[i].nbytes, sums[j - a], flags, priority, expires), views[i])
+                        parts += (header(keys[i], views[i].nbytes, sums[j - a], flags, priority, expires), views[i])
                     placed = self._write_chunk(parts, sum(sizes[a:b]), batch)
                     if placed is None:
                         break
@@ -582,7 +459,7 @@ class DiskStore(Store):
                 seg.readers += 1
         try:
             views = [byte_view(b) for b in out[: len(recs)]]
-            reads = _Shared(lambda i: self._read(keys[i], recs[i], views[i]), len(recs), self._pool,
+            reads = Shared(lambda i: self._read(keys[i], recs[i], views[i]), len(recs), self._pool,
                             self._helpers if sum(r.size for r in recs) >= PARALLEL_BYTES else 0)
             got = [reads.result(i) for i in range(len(recs))]
         finally:
@@ -626,10 +503,10 @@ class DiskStore(Store):
             return self._bad(f"cannot read {where}: {e}")
         if got != rec.size:
             return self._bad(f"{where} is truncated ({got} of {rec.size} bytes)")
-        parsed = _parse(head)
+        parsed = parse(head)
         if parsed is None or parsed[6] != key or parsed[4] != length:
             return self._bad(f"{where} has a bad header")
-        if _checksum(target) != parsed[5]:
+        if checksum(target) != parsed[5]:
             return self._bad(f"{where} fails its checksum")
         return length
 
@@ -672,7 +549,7 @@ class DiskStore(Store):
 
     def _bury(self, key: bytes, rec: _Rec) -> None:
         """Overwrite a damaged record's header and key with intact ones, marked dead."""
-        head = _header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
+        head = header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
         try:
             os.pwrite(rec.seg.fd, head[:STATE_AT] + DEAD + head[STATE_AT + 1:], rec.off)
         except OSError as e:

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from helpers import read_pages
 from pdsdk.connectors.stores.base import Hints
-from pdsdk.connectors.stores.disk import HEADER_SIZE, DiskStore, _checksum
+from pdsdk.connectors.stores.disk import DiskStore
+from pdsdk.connectors.stores.disk_record import HEADER_SIZE
+from pdsdk.connectors.stores.disk_record import checksum as _checksum
 
 PAGE = 4096
 RECORD = HEADER_SIZE + 32 + PAGE  # a page's bytes in a segment (32-byte keys)
@@ -112,7 +114,7 @@ def test_damaged_record_is_a_miss_and_a_log_line(tmp_path, caplog, kind):
         assert read_pages(s, ks, PAGE) == (3, ps)
 
 
-BIG = (64 << 10) + 100  # checked by block sums (disk._checksum), with a tail past the last 4 KiB block
+BIG = (64 << 10) + 100  # checked by block sums (disk_record.checksum), with a tail past the last 4 KiB block
 
 
 @pytest.mark.parametrize("kind", ["flip", "swap blocks", "zero a block", "tail", "three words"])
