@@ -287,16 +287,16 @@ equal a single engine's token for token, and its load completed without errors.
 
 
 def update_doc(path: str | Path, records: list[dict[str, Any]]) -> None:
-    path = Path(path)
-    text = path.read_text() if path.exists() else MATRIX_HEAD
-    for name, tier in by_tier(records).items():
-        text = replace_section(text, name, tier_section(tier))
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    _update(Path(path), MATRIX_HEAD, tier_section, records)
 
 
 def update_compat(path: str | Path, records: list[dict[str, Any]]) -> None:
-    path = Path(path)
-    text = path.read_text() if path.exists() else COMPAT_HEAD
+    _update(Path(path), COMPAT_HEAD, compat_section, records)
+
+
+def _update(path: Path, head: str, section, records: list[dict[str, Any]]) -> None:
+    """Replace each tier's section of `path` (created with `head`), leaving the other tiers alone."""
+    text = path.read_text() if path.exists() else head
     for name, tier in by_tier(records).items():
-        text = replace_section(text, name, compat_section(tier))
+        text = replace_section(text, name, section(tier))
     path.write_text(text if text.endswith("\n") else text + "\n")

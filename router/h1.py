@@ -111,13 +111,7 @@ class Response:
             if self._done:
                 self._finish()
                 return b""
-            if self._exc is not None:
-                raise self._exc
-            self._waiter = self._conn.pool._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._next_event()
         data = self._body.popleft() if len(self._body) == 1 else b"".join(self._body)
         self._body.clear()
         self._queued = 0
@@ -144,13 +138,17 @@ class Response:
     async def wait_done(self) -> None:
         """Wait until the whole answer has been received (with a sink: delivered)."""
         while not self._done:
-            if self._exc is not None:
-                raise self._exc
-            self._waiter = self._conn.pool._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._next_event()
+
+    async def _next_event(self) -> None:
+        """Wait for the protocol callback's next news (bytes, the end, or an error, raised here)."""
+        if self._exc is not None:
+            raise self._exc
+        self._waiter = self._conn.pool._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     def hold(self, on: bool) -> None:
         """Stop (on) or restart reading from the worker, for a sink whose client is slow."""

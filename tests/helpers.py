@@ -51,3 +51,16 @@ def read_pages(store, keys, size: int) -> tuple[int, list[bytes]]:
     out = [bytearray(size) for _ in keys]
     hits = store.get(keys, out)
     return hits, [bytes(o) for o in out[:hits]]
+
+
+def span_digest(buf, spans) -> str:
+    """sha256 of a host buffer's bytes at `spans` (rows of region, offset, length), in order: what a
+    transport peer's `digest` call answers for its side."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for _, offset, length in np.asarray(spans).tolist():
+        h.update(buf[offset:offset + length].tobytes())
+    return h.hexdigest()

@@ -5,18 +5,17 @@ The other side of each transfer is a `PeerProcess`: the same transport in its ow
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import numpy as np
 import pytest
-from helpers import need_plugin
-
-import pdsdk
-from pdsdk import LayoutMismatch
+from helpers import need_plugin, span_digest as digest
 from pdsdk.connectors.transports.base import TransportError
 from pdsdk.connectors.transports.buffers import allocate
 from pdsdk.connectors.transports.peer import PeerProcess
+
+import pdsdk
+from pdsdk import LayoutMismatch
 from pdsdk.kv import KVLayout, Span, page_spans
 from pdsdk.plugins import plugin_manager, registry
 
@@ -45,12 +44,6 @@ def pair(transport_name):
     peer.close()
     t.close()
 
-
-def digest(buf: np.ndarray, spans) -> str:
-    h = hashlib.sha256()
-    for region, offset, length in np.asarray(spans).tolist():
-        h.update(buf[offset:offset + length].tobytes())
-    return h.hexdigest()
 
 
 def rows(spans) -> list[list[int]]:

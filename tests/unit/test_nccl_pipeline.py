@@ -7,13 +7,12 @@ The conformance suite moves at most a few MiB, one chunk at the default `chunk_m
 from __future__ import annotations
 
 import base64
-import hashlib
 import itertools
 import time
 
 import numpy as np
 import pytest
-from helpers import need_plugin
+from helpers import need_plugin, span_digest as digest
 
 from pdsdk.kv import KVLayout, Span, coalesce, page_spans
 from pdsdk.plugins import registry
@@ -51,12 +50,6 @@ def pair():
     peer.close()
     t.close()
 
-
-def digest(buf: np.ndarray, spans) -> str:
-    h = hashlib.sha256()
-    for _, offset, length in np.asarray(spans).tolist():
-        h.update(buf[offset:offset + length].tobytes())
-    return h.hexdigest()
 
 
 def test_chunk_bounds_cut_rows_into_chunks_of_about_chunk_bytes():
