@@ -41,7 +41,7 @@ def register(sub) -> None:
                    help="let requests stop at EOS (default: generate exactly the output length)")
     p.add_argument("--tokenizer", default=None, help="folder with tokenizer.json: prompt ids drawn from its vocabulary")
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids drawn below this without --tokenizer")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals: same seed, same requests")
     p.add_argument("--timeout", type=float, default=600, help="seconds per request (default 600)")
     p.add_argument("--api-key", default=None, help="bearer token for the endpoint")
     p.add_argument("--label", default=None, help="name of this run in reports (default: the URL)")

@@ -30,7 +30,8 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is reported")
     p.add_argument("--path", default=None, help="directory for the disk store (default: a temporary one)")
     p.add_argument("--servers", action="store_true", help="start redis-server and mooncake_master locally")
-    p.add_argument("--redis-url", default=None)
+    p.add_argument("--redis-url", default=None,
+                   help="bench a running redis (default: start redis-server on a free port)")
     p.add_argument("--mooncake-master", default=None)
     p.add_argument("--json", dest="json_out", help="write the records to this file")
     p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append 1 MiB rows to ('' for none)")
