@@ -464,8 +464,9 @@ class Transport(ABC):
         Judged only on large transfers of few runs (thousands of scattered pages are slow for
         other reasons), and never on the first one with a peer: it pays for mapping and
         connection setup (measured: 6 GB/s for a first CUDA IPC transfer that then ran at 240)."""
-        vram = all(r.device != "cpu" for r in self.regions + t.peer.regions)
-        if not vram or t.nbytes < (16 << 20) or t.spans > 64 or self._path_warning is not None:
+        if t.nbytes < (16 << 20) or t.spans > 64 or self._path_warning is not None:
+            return
+        if any(r.device == "cpu" for r in itertools.chain(self.regions, t.peer.regions)):
             return
         if t.peer.agent not in self._rate_peers:
             self._rate_peers.add(t.peer.agent)
