@@ -207,7 +207,7 @@ def run(args) -> int:
             took = rec.get("timings", {}).get("total_s")
             bar.console.print(f"[{color}]{rec['status']:>7}[/] {rec.get('key', rec.get('id'))}"
                               + (f" ({took:.0f}s)" if took else "") + (f": {rec['reason']}" if rec["reason"] else ""))
-            if rec["status"] != "skipped":
+            if rec["status"] != "skipped" and rec["group"] != "baseline":  # a baseline engine is not a cell
                 bar.advance(task)
 
         status = Status(lambda text: bar.update(task, description=text[:90]))
