@@ -130,8 +130,10 @@ apt:
 
 # The main suite (its engine tier includes the matrix CPU tier, tests/matrix/test_matrix_cpu_tier.py:
 # `pdsdk matrix --preset ci`, ~10 min), then the SGLang tier in its own venv.
+# PYTHONFAULTHANDLER: a native crash (also at interpreter exit, after pytest's own handler is gone) prints
+# every thread's Python stack.
 test: apt install-vllm install-sglang $(VENV)/.lmcache vllm-api
-	PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
+	PYTHONFAULTHANDLER=1 PDSDK_TEST_INSTALLED=1 PDSDK_REQUIRE_ALL_PLUGINS=1 $(PYTEST) --ignore=tests/sglang
 	$(MAKE) --no-print-directory sglang-tier
 
 # The SGLang adapter against real SGLang classes (CPU; it cannot serve a model here): 0.5.23, 0.5.15.post1.

@@ -54,12 +54,19 @@ class Orchestrator:
             return Plan(self._choose("plain", req, excluded).worker)
         d = self._choose("decode", req, excluded)
         # Conditional disaggregation (vLLM only: an SGLang decode server cannot prefill alone)
-        if self.cfg.disagg_threshold > 0 and self.cfg.engine == "vllm":
-            uncached = req.prompt_tokens - d.cached_tokens
-            if uncached < self.cfg.disagg_threshold:
-                rmetrics.LOCAL_PREFILL.inc()
-                return Plan(d.worker)
-        return Plan(d.worker, self._choose("prefill", req, excluded).worker)
+        alone = self.cfg.engine == "vllm"
+        if alone and self.cfg.disagg_threshold > 0 and req.prompt_tokens - d.cached_tokens < self.cfg.disagg_threshold:
+            rmetrics.LOCAL_PREFILL.labels("short_prompt").inc()
+            return Plan(d.worker)
+        try:
+            return Plan(d.worker, self._choose("prefill", req, excluded).worker)
+        except NoWorker:
+            if not alone:
+                raise
+            # Every prefill is down, draining or failed this request: a vLLM decode worker prefills
+            # itself (slower, but the request is served, not refused)
+            rmetrics.LOCAL_PREFILL.labels("no_prefill").inc()
+            return Plan(d.worker)
 
     # --- the request ----------------------------------------------------------------------
     async def serve(self, request: web.Request, body: dict, req: RouteRequest, path: str) -> web.StreamResponse:

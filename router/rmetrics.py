@@ -8,7 +8,8 @@ from prometheus_client import Counter, Gauge, Histogram
 REQUESTS = Counter("pdsdk_router_requests", "Client requests by route and outcome", ["route", "outcome"])
 RETRIES = Counter("pdsdk_router_retries", "Attempts retried on another worker or pair", ["reason"])
 LOCAL_PREFILL = Counter("pdsdk_router_local_prefill",
-                        "PD requests served by the decode worker alone (short uncached prompt)")
+                        "PD requests served by the decode worker alone: reason short_prompt (uncached part below "
+                        "the threshold) or no_prefill (no prefill worker usable)", ["reason"])
 MISSING_PARAMS = Counter("pdsdk_router_pd_missing_kv_transfer_params",
                          "vLLM prefill responses without kv_transfer_params (no KV connector there?)",
                          ["worker"])

@@ -95,6 +95,25 @@ def test_failing_decode_retried_on_new_pair_and_breaker_recovers():
     run(main())
 
 
+def test_vllm_decode_serves_alone_when_every_prefill_fails():
+    """A failed prefill is retried on another; with none left, the vLLM decode worker prefills itself
+    (SGLang's decode server cannot, so there the request fails with 502)."""
+    async def main():
+        async with Harness("vllm", prefill=2, decode=1, policy="round_robin", retries=3) as h:
+            for p in h.prefill:
+                p.fail_status = 500
+            status, out, _ = await h.post("/v1/completions", BODY)
+            assert status == 200, out
+            assert all(len(p.requests) == 1 for p in h.prefill)  # each tried once, then decode alone
+            assert "kv_transfer_params" not in h.decode[0].requests[-1]["body"]
+            _, metrics = await h.get("/metrics")
+            assert 'pdsdk_router_local_prefill_total{reason="no_prefill"} 1.0' in metrics
+        async with Harness("sglang", prefill=1, decode=1, retries=1) as h:
+            h.prefill[0].fail_status = 500
+            assert (await h.post("/v1/completions", BODY))[0] == 502
+    run(main())
+
+
 def test_client_error_is_not_retried():
     async def main():
         async with Harness(plain=2, policy="round_robin") as h:
