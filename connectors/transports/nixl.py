@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,30 @@ def _prepare_env() -> None:
 
 
 _prepare_env()
+import nixl._api as nixl_api  # noqa: E402
 from nixl._api import nixl_agent, nixl_agent_config  # noqa: E402
+
+_agent_lock = threading.Lock()
+
+
+def _agent(name: str, config: Any, progress_delay_us: int) -> Any:
+    """A nixl_agent whose progress thread waits `progress_delay_us` between looks instead of the
+    wrapper's hard-coded 0. The wrapper builds its nixlAgentConfig inside __init__, so the config
+    class is swapped for one that keeps our delay, for the length of that call only."""
+    bind = nixl_api.nixlBind
+    plain = bind.nixlAgentConfig
+
+    class Config(plain):
+        def __setattr__(self, key: str, value: Any) -> None:
+            super().__setattr__(key, progress_delay_us if key == "pthrDelay" else value)
+
+    with _agent_lock:
+        bind.nixlAgentConfig = Config
+        try:
+            return nixl_agent(name, config)
+        finally:
+            bind.nixlAgentConfig = plain
+
 
 PREPPED_MIN_RUNS = 64  # fewer runs: building descriptors per transfer is cheaper than indexing
 PREPPED_MAX_PAGES = 1 << 20
@@ -51,14 +75,18 @@ def _mem(device: str) -> tuple[str, int]:
 class NixlTransport(Transport):
     # num_threads: UCX workers; more than one overlaps the per-descriptor cost of scattered pages
     # (4608 x 32 KiB on 2 CPU cores: 2.6 -> 5.9 GB/s, against 7-8 GB/s contiguous).
-    OPTIONS = {"backends": ["UCX"], "num_threads": min(4, os.cpu_count() or 1)}
+    # progress_delay_us: how long NIXL's progress thread waits for UCX events before it looks again.
+    # NIXL's Python agent fixes it at 0, a busy loop: every idle agent burns a whole core (three vLLM
+    # workers on two cores starved each other for a minute). The thread sleeps on UCX's event fd,
+    # so a transfer wakes it at once: 0 buys nothing measurable (docs/transports.md).
+    OPTIONS = {"backends": ["UCX"], "num_threads": min(4, os.cpu_count() or 1), "progress_delay_us": 1000}
     SUPPORTS_STAGING = True
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         config = nixl_agent_config(backends=list(self.options["backends"]),
                                    num_threads=int(self.options["num_threads"]))
-        self._agent = nixl_agent(self.agent, config)
+        self._agent = _agent(self.agent, config, int(self.options["progress_delay_us"]))
         self._reg_descs: list[Any] = []
         self._local_prepped: Any = None
         self._page_base: list[int] = []  # first page index of each local region in the prepped list

@@ -50,6 +50,17 @@ def rows(spans) -> list[list[int]]:
     return np.asarray(spans).tolist()
 
 
+def test_an_idle_transport_leaves_the_cpu_alone(pair):
+    """Connected and idle, a transport's threads sleep: a busy-polling progress thread takes a core
+    from the engine it serves (NIXL's Python agent polls with no delay unless told otherwise)."""
+    t, buf, peer, remote = pair
+    assert t.wait(t.read(remote, [Span(0, 0, PAGE)], [Span(0, 0, PAGE)])).state == "done"
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(1.0)
+    share = (time.process_time() - cpu) / (time.monotonic() - wall)
+    assert share < 0.2, f"{t.name} used {share:.0%} of a core while idle"
+
+
 def test_read_and_write_random_bytes(pair):
     t, buf, peer, remote = pair
     peer.call("fill", seed=11)
