@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 
-from pdsdk.adapters.side_channel import fetch
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
 from pdsdk.adapters.vllm.pages import (READ_NOTE, ReadTracker, block_geometry, block_spans, head_geometry, read_note,
                                        region_bytes)
+from pdsdk.adapters.vllm.peers import Entry, Peers
 from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
@@ -45,9 +45,8 @@ class WorkerSide:
         self._views: list[Any] = []
         self.layout: KVLayout | None = None
         self.heads: list[HeadGeometry] | str = "KV caches not registered"  # per layer, or why heads can't be sliced
-        # (engine, remote TP rank) -> (peer, its block geometry, its head geometry or None)
-        self._peers: dict[tuple[str, int], tuple[Any, list[list[int]], list[list[int]] | None]] = {}
-        self._unreachable: dict[tuple[str, int], tuple[float, str]] = {}  # (engine, rank) -> (retry after, why)
+        self.peers = Peers(config.timeouts.connect_s)
+        self._waiting: dict[str, Receive] = {}  # requests whose prefill ranks have not answered yet
         # request -> (handles, blocks, bytes, start, failed): one handle per prefill rank read
         self._loading: dict[str, tuple[list[int], list[int], int, float, bool]] = {}
         self._received: set[str] = set()
@@ -143,6 +142,12 @@ class WorkerSide:
                 raise ValueError(f"{len(r.local_block_ids)} local blocks for {len(r.remote_block_ids)} remote ones")
             if r.lease_expiry is not None and time.time() > r.lease_expiry - 1.0:
                 raise TimeoutError("the prefill's lease on these blocks has expired")
+            ranks = [self.tp_rank] if r.tp_size == self.tp_size else \
+                [read.remote_rank for read in head_plan(self.layout.num_kv_heads, r.tp_size, self.tp_size,
+                                                        self.tp_rank, self.layout.kv_split)]
+            if any([self._peer(r, rank) is None for rank in ranks]):  # ask every rank now, not one per step
+                self._waiting[request_id] = r  # asked again at the next step
+                return
             if r.tp_size == self.tp_size:  # same TP: whole blocks from the prefill rank of our rank
                 peer, geometry, _ = self._peer(r, self.tp_rank)
                 local = block_spans(r.local_block_ids, self.geometry)
@@ -193,25 +198,9 @@ class WorkerSide:
             nbytes += int(local[:, 2].sum())
         return nbytes
 
-    def _peer(self, r: Receive, remote_rank: int) -> tuple[Any, list[list[int]], list[list[int]] | None]:
-        """The connected prefill rank (cached). A rank that failed to answer is not asked again for
-        `connect_s`: this runs in the engine's step, and a stopped prefill would otherwise cost every
-        one of its requests a full connect timeout there."""
-        key = (r.engine_id, remote_rank)
-        if key in self._peers:
-            return self._peers[key]
-        until, reason = self._unreachable.get(key, (0.0, ""))
-        if time.monotonic() < until:
-            raise ConnectionError(f"prefill {r.engine_id} rank {remote_rank} did not answer {reason}; "
-                                  f"not retried for another {until - time.monotonic():.1f}s")
-        try:
-            entry = fetch(r.host, r.port, remote_rank, self.config.timeouts.connect_s)
-            self._peers[key] = (self.transport.connect(entry["descriptor"]), entry["geometry"], entry.get("heads"))
-        except Exception as e:
-            self._unreachable[key] = (time.monotonic() + self.config.timeouts.connect_s, f"({type(e).__name__}: {e})")
-            raise
-        self._unreachable.pop(key, None)
-        return self._peers[key]
+    def _peer(self, r: Receive, remote_rank: int) -> Entry | None:
+        """The connected prefill rank; None while its side channel is being asked (see peers.py)."""
+        return self.peers.get((r.engine_id, remote_rank), r.host, r.port, self.transport.connect)
 
     def _fail(self, request_id: str, local_block_ids: list[int]) -> None:
         self._load_errors.update(local_block_ids)
@@ -222,6 +211,9 @@ class WorkerSide:
             self.store_io.save(pages)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        waiting, self._waiting = self._waiting, {}
+        for request_id, receive in waiting.items():
+            self._start_receive(request_id, receive)
         if self.store_io is not None:
             loaded, errors = self.store_io.finished_loads()
             self._received |= loaded
@@ -303,6 +295,7 @@ class WorkerSide:
 
     def shutdown(self) -> None:
         self._stopped.set()
+        self.peers.close()
         if self.transport is not None:
             self.transport.close()
         if self.store_io is not None:

@@ -192,7 +192,7 @@ def run(args) -> int:
         faults = FaultOptions(requests=args.fault_requests or scale["fault_requests"],
                               rate=args.fault_rate or scale["fault_rate"], deadline_s=args.deadline or scale["deadline"],
                               transport=C_first(sel["transports"]), engine=C_first(sel["engines"]),
-                              restart=bool(gpus), kinds=fault_kinds(args.fault_kinds))
+                              prefill=2 if gpus else 1, restart=bool(gpus), kinds=fault_kinds(args.fault_kinds))
     runnable = [c for c in cells if not c.skip]
     total = len(runnable) + (1 if faults else 0)
     console.print(f"[bold]pdsdk matrix[/]: {len(cells)} cells ({len(cells) - len(runnable)} cannot run here), "
