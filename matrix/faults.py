@@ -12,11 +12,11 @@ stream of requests while faults are injected at random (seeded) times:
   misses and backs off, nothing fails.
 
 At most one prefill is faulty at a time. With vLLM the last healthy prefill may be faulted too: the
-router then has the decode worker serve alone (it prefills itself); SGLang always keeps one. On CPU the
-run is 1P1D: three vLLM engines on two cores starve each other (each engine's worker busy-polls its
-step queue for a second after every step), which is a test of the machine, not of pdsdk. Every
-completed request's greedy output is checked against the single-engine baseline. Reported: lost requests (never completed),
-wrong outputs, requests past the deadline. The goal is 0, 0, 0.
+router then has the decode worker serve alone (it prefills itself); SGLang always keeps one. On CPU
+the run is 1P1D: three vLLM engines on two cores starve each other (each engine's worker busy-polls
+its step queue for a second after every step), which tests the machine, not pdsdk. Every completed
+request's greedy output is checked against the single-engine baseline. Reported: lost requests
+(never completed), wrong outputs, requests past the deadline. The goal is 0, 0, 0.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ class Chaos:
     def _pick(self, kind: str) -> str | None:
         up = self._healthy_prefills()
         keep = 0 if self.f.engine == "vllm" else 1  # a vLLM decode worker can serve alone; SGLang's cannot
-        if len(up) <= keep or len(up) < len(self.current):  # one faulty prefill at a time
-            self.event(kind, "-", "skipped: another prefill is faulty" if len(up) < len(self.current)
+        if len(up) < len(self.current) or len(up) <= keep:
+            self.event(kind, "-", "skipped: a prefill is already down (one at a time)" if len(up) < len(self.current)
                        else "skipped: it would leave no prefill worker")
             return None
         return self.rng.choice(up)

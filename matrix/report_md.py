@@ -192,7 +192,7 @@ def faults_section(f: dict[str, Any] | None) -> str:
         out += ["Fault timeline (s from the start of the load): "
                 + "; ".join(f"{e['t']:.0f} {e['kind']} {e['target']}" + (f" ({e['note']})" if e.get("note") else "")
                             for e in events[:30])
-                + (f"; {skipped} more not injected (they would have left no prefill worker)." if skipped else "."), ""]
+                + (f"; {skipped} more not injected (a prefill was already down, or none would have been left)." if skipped else "."), ""]
     return "\n".join(out)
 
 
