@@ -104,6 +104,8 @@ def store_spec(store: str, workdir: Path) -> tuple[Any, list[Any]]:
         return {"name": "disk", "options": {"path": str(workdir / "pages")}}, []
     from pdsdk.connectors.stores.servers import start_mooncake_master, start_redis
 
+    workdir.mkdir(parents=True, exist_ok=True)  # the server's log and data go there, before any worker's log
+
     if store == "redis":
         server = start_redis(workdir)
         return {"name": "redis", "options": {"url": f"redis://127.0.0.1:{server.port}/0"}}, [server]

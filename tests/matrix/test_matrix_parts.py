@@ -32,6 +32,23 @@ def test_grid_names_and_skips():
     assert "unknown" in C.why_not(C.Cell("vllm", 1, 1, "carrier-pigeon"), None).lower()
 
 
+@pytest.mark.parametrize("store", ["redis", "mooncake"])
+def test_a_server_store_starts_in_a_cell_folder_that_does_not_exist_yet(tmp_path, store):
+    """The cell's log folder is created by the launch that comes after the store's server."""
+    from pdsdk.plugins import registry
+    from pdsdk.matrix.runner import store_spec
+
+    if registry().get("store", store).why_not:
+        (pytest.fail if REQUIRE_ALL else pytest.skip)(registry().get("store", store).why_not)
+    spec, servers = store_spec(store, tmp_path / "logs" / "cell")
+    try:
+        assert spec["name"] == store and len(servers) == 1
+        assert (tmp_path / "logs" / "cell").is_dir()
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def test_bad_options_name_the_option():
     with pytest.raises(ConfigError, match="--topologies"):
         C.parse_topology("1P0D")
