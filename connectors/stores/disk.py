@@ -31,11 +31,8 @@ More in docs/stores.md, "Disk layout".
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import re
-import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -46,44 +43,23 @@ from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
 from pdsdk.connectors.stores.disk_io import Shared, as_buffer, fitting, pwrite_all
 from pdsdk.connectors.stores.disk_record import (
     DEAD,
-    FIELDS,
     HEADER_SIZE,
     KEEP,
-    LIVE,
     PIN,
     STATE_AT,
     checksum,
     header,
     parse,
 )
+from pdsdk.connectors.stores.disk_segment import SEGMENT_NAME, SUFFIX, Rec, Segment, drop_old_layout, scan
 from pdsdk.connectors.stores.retention import Retention
 
-SUFFIX = ".seg"
-SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
 CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
 CHUNK_MAX = 1 << 20  # a chunk checksummed just before its write is still in the L2 cache
 CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
 BAD = -2  # a damaged record: a miss, and the record goes
-
-
-class _Segment:
-    __slots__ = ("fd", "id", "live", "path", "readers", "recs", "retired", "size")
-
-    def __init__(self, sid: int, path: Path, fd: int, size: int = 0):
-        self.id, self.path, self.fd, self.size = sid, path, fd, size
-        self.live = 0  # bytes of live records
-        self.recs: dict[bytes, _Rec] = {}  # its live records
-        self.readers = 0  # gets reading it outside the lock: its fd closes when they are done
-        self.retired = False
-
-
-class _Rec:
-    __slots__ = ("off", "seg", "size")
-
-    def __init__(self, seg: _Segment, off: int, size: int):
-        self.seg, self.off, self.size = seg, off, size
 
 
 class DiskStore(Store):
@@ -101,9 +77,9 @@ class DiskStore(Store):
         self._wlock = threading.Lock()
         self._lock = threading.RLock()
         self._retention = Retention()
-        self._index: dict[bytes, _Rec] = {}
-        self._segments: dict[int, _Segment] = {}
-        self._active: _Segment | None = None  # the segment puts append to
+        self._index: dict[bytes, Rec] = {}
+        self._segments: dict[int, Segment] = {}
+        self._active: Segment | None = None  # the segment puts append to
         self._disk = 0  # bytes of all segment files
         self._next_id = 0
         self.root.mkdir(parents=True, exist_ok=True)
@@ -116,23 +92,26 @@ class DiskStore(Store):
     # -- open -----------------------------------------------------------------------------------
     def _reopen(self) -> None:
         """Index the records a previous process left, oldest segment first."""
-        self._drop_old_layout()
+        drop_old_layout(self.root, self.name)
         found = []
         for path in sorted(p for p in self.root.iterdir() if SEGMENT_NAME.fullmatch(p.name)):
             try:
-                seg = _Segment(int(path.stem, 16), path, os.open(path, os.O_RDWR))
+                seg = Segment(int(path.stem, 16), path, os.open(path, os.O_RDWR))
             except OSError as e:
                 log.warning("%s: cannot open %s: %s", self.name, path, e)
                 continue
             self._segments[seg.id] = seg
             self._next_id = seg.id + 1
-            found += self._scan(seg)
+            records, errors = scan(seg, self.name)
+            found += records
+            for _ in range(errors):
+                self._record_error()
             self._disk += seg.size
         offset = time.monotonic() - time.time()
         for key, seg, off, size, flags, priority, expires in found:
             if key in self._index:  # an older copy whose dead mark a crash lost
                 self._mark_dead(self._unindex(key))
-            self._index_add(key, _Rec(seg, off, size))
+            self._index_add(key, Rec(seg, off, size))
             hints = Hints(priority=priority, pin=bool(flags & PIN), keep=bool(flags & KEEP))
             self._retention.add(key, size, hints, expires=expires + offset if expires else None)
         for seg in list(self._segments.values()):
@@ -142,67 +121,20 @@ class DiskStore(Store):
             log.info("%s: reopened %s: %d pages in %d segments", self.name, self.root, len(self._index),
                      len(self._segments))
 
-    def _scan(self, seg: _Segment) -> list[tuple]:
-        """The live records of a segment, reading headers only (payloads are checked on read).
-        A record that is cut short or whose header is damaged ends the segment there."""
-        size = os.fstat(seg.fd).st_size
-        off, found = 0, []
-        while off < size:
-            try:
-                head = os.pread(seg.fd, HEADER_SIZE + 64, off)
-                if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
-                    head = os.pread(seg.fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
-            except OSError as e:  # keep what was found; nothing is appended to an old segment
-                log.warning("%s: cannot read %s at offset %d: %s", self.name, seg.path, off, e)
-                self._record_error()
-                off = size
-                break
-            rec = parse(head)
-            end = off + HEADER_SIZE + len(rec[6]) + rec[4] if rec else size + 1
-            if end > size:
-                log.warning("%s: %s has a torn or damaged record at offset %d: cut there (%d bytes dropped)",
-                            self.name, seg.path, off, size - off)
-                self._record_error()
-                try:
-                    os.ftruncate(seg.fd, off)
-                except OSError as e:
-                    log.warning("%s: cannot cut %s: %s", self.name, seg.path, e)
-                    off = size  # the garbage stays counted, and nothing is appended after it
-                break
-            state, flags, priority, expires, _length, _crc, key = rec
-            if state == LIVE:
-                found.append((key, seg, off, end - off, flags, priority, expires))
-            off = end
-        seg.size = off
-        return found
-
-    def _drop_old_layout(self) -> None:
-        """Remove page files of the one-file-per-page layout (before segments), if any."""
-        old = list(self.root.glob("[0-9a-f][0-9a-f]/" + "[0-9a-f]" * 40 + ".kv"))
-        for f in old:
-            with contextlib.suppress(OSError):
-                f.unlink(missing_ok=True)
-        for d in {f.parent for f in old}:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        shutil.rmtree(self.root / ".tmp", ignore_errors=True)
-        if old:
-            log.info("%s: removed %d page files of the old file-per-page layout", self.name, len(old))
-
     # -- segments and the index (callers hold _lock) ---------------------------------------------
-    def _index_add(self, key: bytes, rec: _Rec) -> None:
+    def _index_add(self, key: bytes, rec: Rec) -> None:
         self._index[key] = rec
         rec.seg.recs[key] = rec
         rec.seg.live += rec.size
 
-    def _unindex(self, key: bytes) -> _Rec | None:
+    def _unindex(self, key: bytes) -> Rec | None:
         rec = self._index.pop(key, None)
         if rec is not None:
             del rec.seg.recs[key]
             rec.seg.live -= rec.size
         return rec
 
-    def _forget(self, key: bytes) -> _Rec | None:
+    def _forget(self, key: bytes) -> Rec | None:
         """Drop a page from the index, and its segment once empty: its record, if it was there."""
         self._retention.remove(key)
         rec = self._unindex(key)
@@ -219,14 +151,14 @@ class DiskStore(Store):
                 self._mark_dead(rec)
         return len(recs)
 
-    def _mark_dead(self, rec: _Rec) -> None:
+    def _mark_dead(self, rec: Rec) -> None:
         """Set a record's state byte to dead, so that a reopened store skips it."""
         try:
             os.pwrite(rec.seg.fd, DEAD, rec.off + STATE_AT)
         except OSError as e:  # it only comes back after a restart
             log.warning("%s: cannot mark a record dead in %s: %s", self.name, rec.seg.path, e)
 
-    def _retire(self, seg: _Segment) -> None:
+    def _retire(self, seg: Segment) -> None:
         """Unlink a segment (its records are gone from the index or are being moved)."""
         for key in list(seg.recs):
             self._unindex(key)
@@ -242,7 +174,7 @@ class DiskStore(Store):
         if not seg.readers:
             os.close(seg.fd)
 
-    def _open_segment(self) -> _Segment:
+    def _open_segment(self) -> Segment:
         path = self.root / f"{self._next_id:08x}{SUFFIX}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         if self.fsync:
@@ -252,7 +184,7 @@ class DiskStore(Store):
             finally:
                 os.close(dfd)
         with self._lock:
-            seg = _Segment(self._next_id, path, fd)
+            seg = Segment(self._next_id, path, fd)
             self._next_id += 1
             self._segments[seg.id] = seg
             old, self._active = self._active, seg
@@ -260,7 +192,7 @@ class DiskStore(Store):
                 self._retire(old)
         return seg
 
-    def _append(self, parts: list, nbytes: int) -> tuple[_Segment, int]:
+    def _append(self, parts: list, nbytes: int) -> tuple[Segment, int]:
         """(_wlock held) Write records at the end of the open segment, starting a new one when it
         is full: (segment, offset). Raises OSError, after cutting off what was partly written."""
         seg = self._active
@@ -311,7 +243,7 @@ class DiskStore(Store):
                 self._compact(seg)
         return self._disk + extra <= limit, victims, demote
 
-    def _compact(self, seg: _Segment) -> None:
+    def _compact(self, seg: Segment) -> None:
         """(both locks held) Move a segment's live records to the open segment, then unlink it;
         the records are held in memory in between, so this needs no room on disk."""
         moving = []
@@ -340,7 +272,7 @@ class DiskStore(Store):
                     self._retention.remove(key)
                 continue
             for (key, _), size in zip(part, sizes):
-                self._index_add(key, _Rec(into, off, size))
+                self._index_add(key, Rec(into, off, size))
                 off += size
 
     def _after_evict(self, victims: list, demote: list) -> None:
@@ -402,7 +334,7 @@ class DiskStore(Store):
                             key = keys[todo[j]]
                             if key in self._index:  # an expired copy, or a concurrent put's
                                 self._drop([key])
-                            self._index_add(key, _Rec(seg, off, sizes[j]))
+                            self._index_add(key, Rec(seg, off, sizes[j]))
                             self._retention.add(key, sizes[j], hints)
                             off += sizes[j]
                         written = b
@@ -426,7 +358,7 @@ class DiskStore(Store):
             out.append((start, len(sizes)))
         return out
 
-    def _write_chunk(self, parts: list, nbytes: int, batch: set) -> tuple[_Segment, int] | None:
+    def _write_chunk(self, parts: list, nbytes: int, batch: set) -> tuple[Segment, int] | None:
         """(_wlock held) Append a chunk; on a full filesystem, free twice its size and retry once."""
         for attempt in (1, 2):
             try:
@@ -475,7 +407,7 @@ class DiskStore(Store):
         self._record_get(hits, len(keys), sum(got[:hits]))
         return hits
 
-    def _alive(self, key: bytes, touch: bool) -> _Rec | None:
+    def _alive(self, key: bytes, touch: bool) -> Rec | None:
         """(_lock held) The page's record, or None when absent or expired (then dropped)."""
         rec = self._index.get(key)
         if rec is None:
@@ -488,7 +420,7 @@ class DiskStore(Store):
             self._retention.touch(key)
         return rec
 
-    def _read(self, key: bytes, rec: _Rec, view: memoryview) -> int:
+    def _read(self, key: bytes, rec: Rec, view: memoryview) -> int:
         """Read a record's payload into `view` and verify it: its length, -1 (does not fit) or BAD."""
         length = rec.size - HEADER_SIZE - len(key)
         if length > len(view):
@@ -547,7 +479,7 @@ class DiskStore(Store):
                     if not seg.retired:
                         self._bury(key, rec)
 
-    def _bury(self, key: bytes, rec: _Rec) -> None:
+    def _bury(self, key: bytes, rec: Rec) -> None:
         """Overwrite a damaged record's header and key with intact ones, marked dead."""
         head = header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
         try:
