@@ -142,9 +142,9 @@ class WorkerSide:
                 raise ValueError(f"{len(r.local_block_ids)} local blocks for {len(r.remote_block_ids)} remote ones")
             if r.lease_expiry is not None and time.time() > r.lease_expiry - 1.0:
                 raise TimeoutError("the prefill's lease on these blocks has expired")
-            ranks = [self.tp_rank] if r.tp_size == self.tp_size else \
-                [read.remote_rank for read in head_plan(self.layout.num_kv_heads, r.tp_size, self.tp_size,
-                                                        self.tp_rank, self.layout.kv_split)]
+            plan = None if r.tp_size == self.tp_size else \
+                head_plan(self.layout.num_kv_heads, r.tp_size, self.tp_size, self.tp_rank, self.layout.kv_split)
+            ranks = [self.tp_rank] if plan is None else [read.remote_rank for read in plan]
             if any([self._peer(r, rank) is None for rank in ranks]):  # ask every rank now, not one per step
                 self._waiting[request_id] = r  # asked again at the next step
                 return
@@ -155,7 +155,7 @@ class WorkerSide:
                                                    notify=READ_NOTE + r.request_id.encode()))
                 nbytes = int(local[:, 2].sum())
             else:
-                nbytes = self._start_hetero(r, handles)
+                nbytes = self._start_hetero(r, plan, handles)
             self._loading[request_id] = (handles, r.local_block_ids, nbytes, start, False)
         except Exception as e:  # noqa: BLE001 - a failed load is recomputed or failed by vLLM, never raised
             log.error("pdsdk: KV load for request %s from %s failed: %s: %s", request_id, r.engine_id,
@@ -166,11 +166,10 @@ class WorkerSide:
                 self.stats.add(transfer_failures=1)
                 self._fail(request_id, r.local_block_ids)
 
-    def _start_hetero(self, r: Receive, handles: list[int]) -> int:
+    def _start_hetero(self, r: Receive, plan: list, handles: list[int]) -> int:
         """Prefill TP != decode TP: one read per prefill rank holding some of our KV heads (page slices
         by head), or, for MLA, whole blocks of a share of the layers. Appends the handles; returns bytes."""
         layout = self.layout
-        plan = head_plan(layout.num_kv_heads, r.tp_size, self.tp_size, self.tp_rank, layout.kv_split)
         nbytes = 0
         for read in plan:
             peer, geometry, heads = self._peer(r, read.remote_rank)
