@@ -47,7 +47,8 @@ def register(sub) -> None:
     a("--tp", default="1", help="comma-separated tensor parallel sizes per worker (default 1; >1 needs --gpus)")
     a("--seed-tables", action="store_true", help="also the seed article's layouts: single vs TP=2 vs PD 1P1D at low and "
                                                 "high load, prefix cache cold/warm/flush, chunked prefill off, FP8 KV")
-    a("--faults", action="store_true", help="also a chaos run: prefill kills, stalled transfers, a store outage")
+    a("--faults", action="store_true",
+      help="also a chaos run: prefill kills, stalled transfers, a store outage (2P1D on GPUs, 1P1D on CPU)")
     a("--fault-requests", type=int, default=None, help="requests in the chaos run (default 500 on GPUs, 60 on CPU)")
     a("--fault-rate", type=float, default=None, help="chaos arrivals per second (default 10 on GPUs, 1 on CPU)")
     a("--fault-kinds", default="stall_prefill,store_outage,kill_prefill",
