@@ -27,10 +27,13 @@ KEEP = Path.home() / "gpu-tier"
 T0 = time.monotonic()
 BUDGET = float(os.environ.get("PDSDK_GPU_BUDGET", "570"))
 MIN_LEFT = float(os.environ.get("PDSDK_GPU_MIN_LEFT", "150"))
-UTIL = os.environ.get("PDSDK_GPU_UTIL", "0.85")
+# One-GPU machine (the nvidia-h200 kind): every worker of a configuration sits on GPU 0 with a share
+# of its memory, and workers start one after the other (an engine sizes its KV pool from free memory).
+ONE_GPU = os.environ.get("PDSDK_GPU_COUNT", "2") == "1"
+UTIL = os.environ.get("PDSDK_GPU_UTIL", "0.42" if ONE_GPU else "0.85")
+MEM_FRACTION = os.environ.get("PDSDK_GPU_MEM_FRACTION", "0.4" if ONE_GPU else "0.8")
 ENGINE_ARGS = {"vllm": ["--gpu-memory-utilization", UTIL, "--max-model-len", "4096"],
-               "sglang": ["--mem-fraction-static", os.environ.get("PDSDK_GPU_MEM_FRACTION", "0.8"),
-                          "--context-length", "4096"]}
+               "sglang": ["--mem-fraction-static", MEM_FRACTION, "--context-length", "4096"]}
 NUM_PROMPTS, RATE = int(os.environ.get("PDSDK_GPU_PROMPTS", "200")), float(os.environ.get("PDSDK_GPU_RATE", "20"))
 MOONCAKE = {"name": "mooncake", "options": {"protocol": os.environ.get("PDSDK_MOONCAKE_PROTOCOL", "nvlink_intra")}}
 CONFIGS = {
@@ -62,6 +65,10 @@ TIE = 0.05  # a first difference where the single run's top-2 logprobs are this 
 def plan_for(name: str, model: str) -> LaunchPlan:
     spec = dict(CONFIGS[name])
     engine, extra, native = spec.pop("engine", "vllm"), spec.pop("extra", []), spec.pop("native", None)
+    if ONE_GPU:
+        if spec.get("tp", 1) > 1 or spec.get("prefill_tp", 1) > 1:
+            raise RuntimeError(f"{name} needs two GPUs (TP=2); this machine has one")
+        spec["gpus"] = [0] * len(spec.get("gpus") or [0])
     plan = build_plan(LaunchOptions(engine=engine, model=model, served_name="m", port=free_port(),
                                     engine_args=ENGINE_ARGS[engine] + extra, **spec))
     if native:
@@ -110,8 +117,13 @@ def run_config(name: str, model: str) -> dict:
     record: dict = {"config": name, "commands": [w.cmd for w in plan.processes]}
     start = time.monotonic()
     try:
-        sup.start(plan.workers)  # prefill and decode sit on different GPUs: their memory profiling cannot collide
-        sup.wait_healthy(plan.workers, 420)
+        if ONE_GPU:  # a worker sizes its KV pool from the memory left: start them one by one
+            for w in plan.workers:
+                sup.start([w])
+                sup.wait_healthy([w], 420)
+        else:  # prefill and decode sit on different GPUs: their memory profiling cannot collide
+            sup.start(plan.workers)
+            sup.wait_healthy(plan.workers, 420)
         sup.start([plan.router])
         sup.wait_healthy([plan.router], 60)
         record["startup_s"] = time.monotonic() - start

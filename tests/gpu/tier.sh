@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# GPU machine (nvidia-h200-x2): the GPU tier in steps, so one call can run several and the next call the rest.
+# GPU machine (nvidia-h200-x2, or nvidia-h200 with both peers on GPU 0): the GPU tier in steps, so one call can run several and the next call the rest.
 #   bash tests/gpu/tier.sh setup transports serve single tp2 ...
 # setup: install the staged wheels ($HOME/stage, see ../shared/gpu/README.md) and pdsdk from the carried
 #   archive .whl/pdsdk.tar (`git archive HEAD`, so other engineers' uncommitted edits never travel), and
 #   write the Qwen3-8B-shaped model to $HOME/qwen3-8b-shape.
 # transports: `pdsdk bench transport` GPU0 <- GPU1 for every transport, Mooncake's NVLink protocol, the
 #   staged path on/off, and the NCCL send/recv ceiling.
+# local: the `local` transport alone: the Triton page kernel beside torch's, and where its time goes.
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PIP_BREAK_SYSTEM_PACKAGES=1 NIXL_LOG_LEVEL=WARNING MC_LOG_LEVEL=WARNING GLOG_minloglevel=2 \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SRC=$HOME/pdsdk-src; MODEL=$HOME/qwen3-8b-shape; LIMIT=${LIMIT:-585}
+# One GPU (the nvidia-h200 kind): peers share GPU 0, serve_tier.py splits its memory between workers.
+export PDSDK_GPU_COUNT=${PDSDK_GPU_COUNT:-$(nvidia-smi -L | wc -l)}
+PEER=cuda:$((PDSDK_GPU_COUNT > 1 ? 1 : 0))
 step_setup() {
   [ -d "$HOME/wheels" ] || { bash "$HOME"/stage/part*/install.sh > "$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"; }
   rm -rf "$SRC" && mkdir -p "$SRC" && tar -xf .whl/pdsdk.tar -C "$SRC"
@@ -28,7 +32,7 @@ for p in ('vllm', 'sglang', 'nixl', 'mooncake-transfer-engine-cuda13', 'pdsdk', 
 }
 bench() { # name, extra args
   local name=$1; shift
-  (cd /tmp && timeout 240 python3 -m pdsdk bench transport --device cuda:0 --peer-device cuda:1 --page-bytes 32768 \
+  (cd /tmp && timeout 240 python3 -m pdsdk bench transport --device cuda:0 --peer-device $PEER --page-bytes 32768 \
     --timeout 120 --doc "" --json "$OUT/bench-$name.json" "$@" > "$OUT/bench-$name.txt" 2>&1)
   python3 - "$OUT/bench-$name.json" <<'PY'
 import json, sys
@@ -50,16 +54,20 @@ step_transports() {
   echo "== mooncake nvlink_intra"; bench mooncake-nvlink --transports mooncake --sizes 151,1024 --repeats 5 \
     --option mooncake.protocol=nvlink_intra
   for s in off on; do echo "== staging $s"; bench "staging-$s" --transports nixl,mooncake --sizes 151 --repeats 5 --staging $s; done
-  echo "== local with the one-pass Triton page kernel"; bench local-triton --transports local --sizes 1,151 \
-    --repeats 10 --option local.gpu_kernel=triton
-  for k in torch triton; do echo "== profile local ($k)"; (cd /tmp && PEER=cuda:1 KERNEL=$k timeout 120 \
+  step_local
+  [ "$PDSDK_GPU_COUNT" -gt 1 ] && (cd /tmp && timeout 120 python3 "$SRC/tests/gpu/nccl_ceiling.py")
+}
+step_local() {
+  for k in torch triton; do echo "== local, $k page kernel"; bench "local-$k" --transports local --sizes 1,151 \
+    --pages 4608 --repeats 10 --option local.gpu_kernel=$k; done
+  for k in torch triton; do echo "== profile local ($k)"; (cd /tmp && PEER=$PEER KERNEL=$k timeout 120 \
     python3 "$SRC/tests/gpu/profile_local.py" 2>&1 | grep -v "^\s*$" | head -30 > "$OUT/profile-$k.txt"; head -3 "$OUT/profile-$k.txt"); done
-  (cd /tmp && timeout 120 python3 "$SRC/tests/gpu/nccl_ceiling.py")
 }
 while [ $# -gt 0 ]; do
   case $1 in
     setup) step_setup; shift ;;
     transports) step_transports; shift ;;
+    local) step_local; shift ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;
