@@ -267,11 +267,17 @@ class PdsdkKVManager(CommonKVManager):
         local, remote = transfer_spans(src, dst, self.kv_item_lens, aux, aux_lens)
         if target.peer is None:
             target.peer = self.transport.connect(target.reg.descriptor)
-        handle = self.transport.write(target.peer, local, remote)
-        status = self.transport.wait(handle)
-        self.transport.release(handle)
-        if status.state != "done":
-            raise _TransferFailed(f"write to decode {req.ip}:{req.port} failed: {status.reason}")
+        # KV pages sit on the GPU, metadata rows in host memory: one transfer each, posted together
+        # (a transport moves GPU<->GPU or host<->host batches, not a mix).
+        is_kv = local[:, 0] < len(self.kv_item_lens)
+        handles = [self.transport.write(target.peer, local[rows], remote[rows]) for rows in (is_kv, ~is_kv)
+                   if rows.any()]
+        statuses = [self.transport.wait(h) for h in handles]
+        for h in handles:
+            self.transport.release(h)
+        bad = next((st for st in statuses if st.state != "done"), None)
+        if bad is not None:
+            raise _TransferFailed(f"write to decode {req.ip}:{req.port} failed: {bad.reason}")
         return int(local[:, 2].sum())
 
     def _tell(self, targets: list[tuple[str, int]], room: int, status: int, reason: str | None = None) -> None:

@@ -214,7 +214,8 @@ class LocalTransport(Transport):
         torch = self._cuda().torch
         pb = self.layout.page_bytes
         copy_pages = self._page_copier()
-        with torch.cuda.stream(self._stream(device)):
+        stream = self._stream(device)
+        with torch.cuda.stream(stream):
             lp = self._view(lreg.addr, lreg.length // pb * pb, device).view(-1, pb)
             rp = self._view(self._remote_cuda_addr(peer, remote_region, device), rreg.length // pb * pb,
                             device).view(-1, pb)
@@ -265,7 +266,8 @@ class LocalTransport(Transport):
         device = cuda_index(self.regions[int(local[0, 0])].device)
         copy_pages = self._page_copier()
         page = common_page(local, remote)
-        with torch.cuda.stream(self._stream(device)):
+        stream = self._stream(device)
+        with torch.cuda.stream(stream):
             # Group spans by (local region, peer region); the common case has one of each.
             multi = len(self.regions) * len(peer.regions) > 1
             keys = local[:, 0] * len(peer.regions) + remote[:, 0] if multi else None

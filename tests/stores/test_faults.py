@@ -120,7 +120,7 @@ def test_mooncake_master_unreachable_at_start():
 
 
 @pytest.mark.slow
-def test_mooncake_delete_right_after_get_despite_lease(mooncake_master):
+def test_mooncake_delete_right_after_get_despite_lease(mooncake_master):  # noqa: F811 - fixture
     from pdsdk.connectors.stores.mooncake_store import MooncakeStore
 
     s = MooncakeStore(**mooncake_options(mooncake_master))
