@@ -3,8 +3,9 @@
 torch's `index_copy_(index_select(...))` moves every byte twice (into a temporary, then into
 place); across GPUs the first pass crosses NVLink and the second is a full extra pass over the
 pages in HBM. One Triton program per (page, 8 KiB chunk) reads the source page once and writes it
-in place. Chosen with the `local` transport's option `gpu_kernel: triton` (default `torch` until
-the GPU tier has measured it on the machine); falls back to torch when Triton is missing.
+in place. The `local` transport's option `gpu_kernel` (default `auto`) takes it wherever Triton is
+usable and falls back to torch's pair otherwise. Measured on one H200 (two processes, 4608 pages of
+32 KiB, tests/gpu/tier.sh local): 0.28 ms against 0.42 ms for the torch pair, bytes verified.
 """
 
 from __future__ import annotations
@@ -35,10 +36,19 @@ def _kernel() -> Any:
     return copy_pages_kernel
 
 
-def triton_available() -> bool:
+@lru_cache(maxsize=None)
+def triton_works(device: int) -> bool:
+    """Triton imports, compiles and moves two pages right on GPU `device` (checked once per device,
+    so a missing compiler or an unsupported GPU means torch's pair, not failed transfers)."""
     try:
-        _kernel()
-        return True
+        import torch
+
+        src = torch.randint(0, 256, (2, 4096), dtype=torch.uint8, device=f"cuda:{device}")
+        dst = torch.zeros_like(src)
+        with torch.cuda.device(device):
+            copy_pages_triton(dst, np.array([1, 0]), src, np.array([0, 1]))
+            torch.cuda.synchronize()
+        return bool(torch.equal(dst, src.flip(0)))
     except Exception:  # noqa: BLE001 - no Triton, or no GPU it can compile for
         return False
 

@@ -120,18 +120,22 @@ class _CudaIpc:
             raise TransportError(f"{what} failed with CUDA error {rc}")
 
 
+GPU_KERNELS = ("auto", "triton", "torch")
+
+
 class LocalTransport(Transport):
     # threads: host copies run on this many threads (the peer spends no CPU).
-    # gpu_kernel: how pages move between GPUs: "torch" (index_select + index_copy_) or "triton" (one pass).
-    OPTIONS = {"threads": 2, "gpu_kernel": "torch"}
+    # gpu_kernel: how pages move between GPUs: "triton" (one pass), "torch" (index_select + index_copy_),
+    # or "auto": Triton where it is usable (on an H200 the paged case took 0.28 ms against 0.42), else torch.
+    OPTIONS = {"threads": 2, "gpu_kernel": "auto"}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        if self.options["gpu_kernel"] not in ("torch", "triton"):
+        if self.options["gpu_kernel"] not in GPU_KERNELS:
             from pdsdk.errors import ConfigError
 
             raise ConfigError("transport.options.gpu_kernel",
-                              f"{self.options['gpu_kernel']!r} is not one of: torch, triton")
+                              f"{self.options['gpu_kernel']!r} is not one of: {', '.join(GPU_KERNELS)}")
         self._identity = host_identity()
         self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._control = ControlChannel(self.agent, self.host, self._on_message)
@@ -213,7 +217,7 @@ class LocalTransport(Transport):
                               page_spans(remote_region, remote_pages, pb), notify)
         torch = self._cuda().torch
         pb = self.layout.page_bytes
-        copy_pages = self._page_copier()
+        copy_pages = self._page_copier(device)
         stream = self._stream(device)
         with torch.cuda.stream(stream):
             lp = self._view(lreg.addr, lreg.length // pb * pb, device).view(-1, pb)
@@ -235,17 +239,19 @@ class LocalTransport(Transport):
             stream = self._gpu_streams[device] = self._cuda().torch.cuda.Stream(device=device)
         return stream
 
-    def _page_copier(self) -> Any:
+    def _page_copier(self, device: int) -> Any:
         """dst[dst_idx] = src[src_idx] for page-shaped GPU tensors, by the configured kernel."""
         from pdsdk.connectors.transports.staging import copy_pages
 
-        if self.options["gpu_kernel"] == "triton":
-            from pdsdk.connectors.transports.gpu_copy import copy_pages_triton, triton_available
+        kernel = self.options["gpu_kernel"]
+        if kernel != "torch":
+            from pdsdk.connectors.transports.gpu_copy import copy_pages_triton, triton_works
 
-            if triton_available():
+            if triton_works(device):
                 return copy_pages_triton
-            log.warning("local: gpu_kernel 'triton' asked for but Triton is not usable here; using torch")
-            self.options["gpu_kernel"] = "torch"
+            if kernel == "triton":
+                log.warning("local: gpu_kernel 'triton' asked for but Triton is not usable here; using torch")
+            self.options["gpu_kernel"] = "torch"  # ask once
         return copy_pages
 
     def _view(self, addr: int, length: int, device: int) -> Any:
@@ -264,7 +270,7 @@ class LocalTransport(Transport):
 
         torch = self._cuda().torch
         device = cuda_index(self.regions[int(local[0, 0])].device)
-        copy_pages = self._page_copier()
+        copy_pages = self._page_copier(device)
         page = common_page(local, remote)
         stream = self._stream(device)
         with torch.cuda.stream(stream):

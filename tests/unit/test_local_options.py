@@ -18,7 +18,7 @@ def make(**options):
 
 
 def test_unknown_gpu_kernel_names_the_option():
-    with pytest.raises(ConfigError, match="transport.options.gpu_kernel.*'cutlass' is not one of: torch, triton"):
+    with pytest.raises(ConfigError, match="transport.options.gpu_kernel.*'cutlass' is not one of: auto, triton, torch"):
         make(gpu_kernel="cutlass")
 
 
