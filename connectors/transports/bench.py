@@ -55,6 +55,11 @@ def run(args) -> int:
     console = Console(width=None if sys.stdout.isatty() else 150)
     reg = registry()
     transport_options(args.option)  # bad --option: fail before any peer starts
+    if args.page_bytes <= 0 or args.page_bytes % PAGE_UNIT:
+        from pdsdk.errors import ConfigError
+
+        raise ConfigError("--page-bytes", f"{args.page_bytes} is not a positive multiple of {PAGE_UNIT} "
+                                          "(a page is KV heads x head_dim 32 x 32 tokens x 2 bytes)")
     names = [n for n in args.transports.split(",") if n] or \
         [n for n in reg.names("transport") if reg.get("transport", n).why_not is None]
     peer_device = args.peer_device or ("cpu" if args.device == "cpu" else "cuda:1")
@@ -108,6 +113,9 @@ def _record(transport: str, case: str, nbytes: int, pages: int, seconds: float, 
             "gbps": round(nbytes / seconds / 1e9, 3), "verified": verified, "path": path}
 
 
+PAGE_UNIT = 32 * 32 * 2  # one KV head of head_dim 32 over a 32-token page, 2-byte dtype
+
+
 def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device: str, status) -> list[dict]:
     from pdsdk.connectors.transports.buffers import allocate, torch_view
     from pdsdk.connectors.transports.peer import PeerProcess
@@ -115,8 +123,7 @@ def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device:
     from pdsdk.plugins import registry
 
     # The paged case's page is one layout page: heads x head_dim x page_size x 2 bytes.
-    layout = {"num_layers": 1, "num_kv_heads": max(1, args.page_bytes // (64 * 32 * 2)), "head_dim": 64,
-              "page_size": 32}
+    layout = {"num_layers": 1, "num_kv_heads": args.page_bytes // PAGE_UNIT, "head_dim": 32, "page_size": 32}
     cls = registry().load("transport", name)
     options = {"staging": args.staging} if cls.SUPPORTS_STAGING else {}
     options.update(transport_options(args.option).get(name, {}))

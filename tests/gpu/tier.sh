@@ -10,7 +10,7 @@
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PIP_BREAK_SYSTEM_PACKAGES=1 NIXL_LOG_LEVEL=WARNING MC_LOG_LEVEL=WARNING GLOG_minloglevel=2 \
+export PIP_BREAK_SYSTEM_PACKAGES=1 NIXL_LOG_LEVEL=WARN MC_LOG_LEVEL=WARNING GLOG_minloglevel=2 \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SRC=$HOME/pdsdk-src; MODEL=$HOME/qwen3-8b-shape; LIMIT=${LIMIT:-585}
 # One GPU (the nvidia-h200 kind): peers share GPU 0, serve_tier.py splits its memory between workers.
