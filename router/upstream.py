@@ -244,5 +244,10 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
     finally:
         if timer is not None:
             timer.cancel()
+        up.set_sink(None)
         up.close()
+        # The closures above reach each other, this task and `up` through cells: unlinked here,
+        # refcounting frees the request at once. Left as cycles, they piled up for the collector,
+        # whose full passes stopped the event loop for 20-60 ms at 500 streams (the p99 tail).
+        timer = sink = unhold = watchdog = None
     return out
