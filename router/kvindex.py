@@ -5,12 +5,11 @@ BlockStored carries. The engines' hashes are used only to follow parents and to 
 So the index never needs the engine's hash function or its seed (PYTHONHASHSEED), and one
 lookup over the prompt's token ids serves vLLM and SGLang alike.
 
-The key of the block at depth d (d blocks before it) is
-    X + ((d + 1) << 64),  X = root ^ hash((0, *tokens of block 0)) ^ ... ^ hash((d, *tokens of block d)),
-a position-aware XOR of per-block content hashes (Zobrist-style): it depends on every token of
-the prefix and on their order. The depth rides above bit 64, so a child's key follows from its
-parent's key alone. Every step is a C-level iterator (zip, map, accumulate): a BlockStored of N
-blocks runs no per-block Python bytecode, in ingestion as in lookups.
+The key of a block is hash((parent's key, its tokens)) (with the event's extra keys when it has
+any), from a root key per LoRA adapter: it depends on every token of the prefix and on their
+order, and a child's key follows from its parent's key alone. One tuple hash per block: faster
+than the position-aware XOR scheme it replaced (1.5M against 1.0M blocks per CPU-second), whose
+keys were integers above 2**64 that cost an allocation at every step.
 
 A "source" is one event stream (one engine, one DP rank). Per source the index keeps
 {engine hash: content key} and the set of content keys held; updates are dict.update /
@@ -23,39 +22,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from itertools import accumulate, repeat, takewhile
-from operator import add, xor
+from itertools import islice, repeat, takewhile
 
 from pdsdk.router.kvwire import CLEARED, REMOVED, STORED
 
 ROOT = 0
-_HALF = 1 << 63
-_DEPTH = [d << 64 for d in range(4097)]  # d << 64, grown on demand (under _grow)
-_grow = threading.Lock()
 
 
 def _root(lora_id) -> int:
     return ROOT if lora_id is None else hash(("lora", lora_id))
 
 
-def _depths(lo: int, hi: int) -> list[int]:
-    if hi > len(_DEPTH):
-        with _grow:
-            n = len(_DEPTH)
-            if hi > n:
-                _DEPTH.extend(d << 64 for d in range(n, max(hi, 2 * n)))
-    return _DEPTH[lo:hi]
-
-
-def _chain(base: int, tokens: list[int], block_size: int, n: int, extra=None) -> list[int]:
-    """Keys of the n full blocks of `tokens` that follow the block keyed `base`."""
-    depth = (base + _HALF) >> 64
+def _chain(key: int, tokens: list[int], block_size: int, n: int, extra=None) -> list[int]:
+    """Keys of the n full blocks of `tokens` that follow the block keyed `key`."""
     it = iter(tokens)
-    pos = range(depth, depth + n)  # zip stops after n blocks: it drains this range first
-    parts = zip(pos, *([it] * block_size)) if extra is None else zip(pos, repeat(extra), *([it] * block_size))
-    xs = accumulate(map(hash, parts), xor, initial=base - (depth << 64))
-    next(xs)
-    return list(map(add, xs, _depths(depth + 1, depth + n + 1)))
+    out: list[int] = []
+    add = out.append
+    if extra is None:
+        for block in islice(zip(*([it] * block_size)), n):
+            key = hash((key, block))
+            add(key)
+    else:
+        for block in islice(zip(*([it] * block_size)), n):
+            key = hash((key, extra, block))
+            add(key)
+    return out
 
 
 def prompt_keys(token_ids: list[int], block_size: int, lora_id=None) -> list[int]:
@@ -75,7 +66,7 @@ class KVIndex:
     def apply(self, source: str, events: list) -> int:
         """Apply one batch of decoded events from `source`; returns block events applied.
         The per-event work is inlined here: at one block per event (vLLM decode steps) the
-        per-event overhead is most of the cost."""
+        per-event overhead is a large part of the cost."""
         stored = removed = ignored = orphans = cleared = 0
         mediums = self.mediums
         with self._lock:
@@ -104,23 +95,15 @@ class KVIndex:
                     if len(toks) < bs * m:
                         ignored += m
                         continue
-                    depth = (base + _HALF) >> 64
                     extra = ev.extra_keys
-                    if m == 1 and not extra:  # one block (a decode step): no iterator pipeline
-                        key = (base - (depth << 64) ^ hash((depth, *toks[:bs]))) + ((depth + 1) << 64)
+                    if m == 1 and not extra:  # one block (a decode step): _chain's result, without the call
+                        key = hash((base, tuple(toks[:bs])))
                         blocks[hashes[0]] = key
                         keys.add(key)
                         stored += 1
                         self.block_size[source] = bs
                         continue
-                    # _chain(), inlined
-                    it = iter(toks)
-                    pos = range(depth, depth + m)
-                    parts = zip(pos, *([it] * bs)) if not extra else zip(pos, repeat(repr(extra)), *([it] * bs))
-                    xs = accumulate(map(hash, parts), xor, initial=base - (depth << 64))
-                    next(xs)
-                    hi = depth + m + 1
-                    new = list(map(add, xs, _DEPTH[depth + 1:hi] if hi <= len(_DEPTH) else _depths(depth + 1, hi)))
+                    new = _chain(base, toks, bs, m, repr(extra) if extra else None)
                     blocks.update(zip(hashes, new))
                     keys.update(new)
                     stored += m
