@@ -148,7 +148,9 @@ class LocalTransport(Transport):
 
     def _path(self) -> str:
         devices = {r.device.split(":")[0] for r in self.regions} or {"cpu"}
-        return "+".join(sorted({"cpu": "cma", "cuda": "cuda-ipc"}[d] for d in devices))
+        kernel = self.options["gpu_kernel"]
+        gpu = "cuda-ipc" if kernel == "auto" else f"cuda-ipc ({kernel} page kernel)"  # auto: decided on first use
+        return "+".join(sorted({"cpu": "cma", "cuda": gpu}[d] for d in devices))
 
     def _register(self, regions: list[Region]) -> None:
         for r in regions:
@@ -248,6 +250,7 @@ class LocalTransport(Transport):
             from pdsdk.connectors.transports.gpu_copy import copy_pages_triton, triton_works
 
             if triton_works(device):
+                self.options["gpu_kernel"] = "triton"
                 return copy_pages_triton
             if kernel == "triton":
                 log.warning("local: gpu_kernel 'triton' asked for but Triton is not usable here; using torch")
