@@ -7,8 +7,8 @@ lookup over the prompt's token ids serves vLLM and SGLang alike.
 
 The key of a block is hash((parent's key, its tokens)) (with the event's extra keys when it has
 any), from a root key per LoRA adapter: it depends on every token of the prefix and on their
-order, and a child's key follows from its parent's key alone. One tuple hash per block: faster
-than the position-aware XOR scheme it replaced (1.5M against 1.0M blocks per CPU-second), whose
+order, and a child's key follows from its parent's key alone. One tuple hash per block: `apply`
+runs 1.5M blocks per CPU-second against 1.0M for the position-aware XOR scheme it replaced, whose
 keys were integers above 2**64 that cost an allocation at every step.
 
 A "source" is one event stream (one engine, one DP rank). Per source the index keeps
