@@ -41,17 +41,18 @@ from pathlib import Path
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
 from pdsdk.connectors.stores.disk_io import Shared, as_buffer, fitting, pwrite_all
-from pdsdk.connectors.stores.disk_record import (
-    DEAD,
-    HEADER_SIZE,
-    KEEP,
-    PIN,
-    STATE_AT,
-    checksum,
-    header,
-    parse,
+from pdsdk.connectors.stores.disk_record import HEADER_SIZE, KEEP, PIN, checksum, header
+from pdsdk.connectors.stores.disk_segment import (
+    SUFFIX,
+    Damaged,
+    Rec,
+    Segment,
+    bury,
+    drop_old_layout,
+    mark_dead,
+    open_segments,
+    read_record,
 )
-from pdsdk.connectors.stores.disk_segment import SEGMENT_NAME, SUFFIX, Rec, Segment, drop_old_layout, scan
 from pdsdk.connectors.stores.retention import Retention
 
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
@@ -93,24 +94,17 @@ class DiskStore(Store):
     def _reopen(self) -> None:
         """Index the records a previous process left, oldest segment first."""
         drop_old_layout(self.root, self.name)
-        found = []
-        for path in sorted(p for p in self.root.iterdir() if SEGMENT_NAME.fullmatch(p.name)):
-            try:
-                seg = Segment(int(path.stem, 16), path, os.open(path, os.O_RDWR))
-            except OSError as e:
-                log.warning("%s: cannot open %s: %s", self.name, path, e)
-                continue
+        segments, found, errors = open_segments(self.root, self.name)
+        for seg in segments:
             self._segments[seg.id] = seg
-            self._next_id = seg.id + 1
-            records, errors = scan(seg, self.name)
-            found += records
-            for _ in range(errors):
-                self._record_error()
             self._disk += seg.size
+        self._next_id = segments[-1].id + 1 if segments else 0
+        for _ in range(errors):
+            self._record_error()
         offset = time.monotonic() - time.time()
         for key, seg, off, size, flags, priority, expires in found:
             if key in self._index:  # an older copy whose dead mark a crash lost
-                self._mark_dead(self._unindex(key))
+                mark_dead(self._unindex(key), self.name)
             self._index_add(key, Rec(seg, off, size))
             hints = Hints(priority=priority, pin=bool(flags & PIN), keep=bool(flags & KEEP))
             self._retention.add(key, size, hints, expires=expires + offset if expires else None)
@@ -148,15 +142,8 @@ class DiskStore(Store):
         recs = [rec for rec in map(self._forget, keys) if rec is not None]
         for rec in recs:
             if not rec.seg.retired:
-                self._mark_dead(rec)
+                mark_dead(rec, self.name)
         return len(recs)
-
-    def _mark_dead(self, rec: Rec) -> None:
-        """Set a record's state byte to dead, so that a reopened store skips it."""
-        try:
-            os.pwrite(rec.seg.fd, DEAD, rec.off + STATE_AT)
-        except OSError as e:  # it only comes back after a restart
-            log.warning("%s: cannot mark a record dead in %s: %s", self.name, rec.seg.path, e)
 
     def _retire(self, seg: Segment) -> None:
         """Unlink a segment (its records are gone from the index or are being moved)."""
@@ -426,21 +413,10 @@ class DiskStore(Store):
         if length > len(view):
             log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, length, len(view))
             return -1
-        head = bytearray(HEADER_SIZE + len(key))
-        target = view[:length]
-        where = f"{rec.seg.path} (record at offset {rec.off})"
         try:
-            got = os.preadv(rec.seg.fd, [head, target], rec.off)
-        except OSError as e:
-            return self._bad(f"cannot read {where}: {e}")
-        if got != rec.size:
-            return self._bad(f"{where} is truncated ({got} of {rec.size} bytes)")
-        parsed = parse(head)
-        if parsed is None or parsed[6] != key or parsed[4] != length:
-            return self._bad(f"{where} has a bad header")
-        if checksum(target) != parsed[5]:
-            return self._bad(f"{where} fails its checksum")
-        return length
+            return read_record(rec, key, view[:length])
+        except Damaged as e:
+            return self._bad(str(e))
 
     def _bad(self, why: str) -> int:
         log.warning("%s: %s; treated as a miss and dropped", self.name, why)
@@ -477,15 +453,7 @@ class DiskStore(Store):
                 elif self._index.get(key) is rec:
                     self._forget(key)
                     if not seg.retired:
-                        self._bury(key, rec)
-
-    def _bury(self, key: bytes, rec: Rec) -> None:
-        """Overwrite a damaged record's header and key with intact ones, marked dead."""
-        head = header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
-        try:
-            os.pwrite(rec.seg.fd, head[:STATE_AT] + DEAD + head[STATE_AT + 1:], rec.off)
-        except OSError as e:
-            log.warning("%s: cannot mark a damaged record dead in %s: %s", self.name, rec.seg.path, e)
+                        bury(rec, key, self.name)
 
     # -- the rest -------------------------------------------------------------------------------
     def contains(self, keys: Sequence[bytes]) -> int:

@@ -1,5 +1,6 @@
-"""The disk store's segment files: a segment and its records in memory, reading a segment's records
-back on open (headers only), and removing the pre-segment layout. The store is in disk.py."""
+"""The disk store's segment files: a segment and its records in memory, opening a directory's
+segments and reading their records back (headers only), reading and verifying one record, marking
+records dead, and removing the pre-segment layout. The store (index, room, put/get) is in disk.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import log
-from pdsdk.connectors.stores.disk_record import FIELDS, HEADER_SIZE, LIVE, parse
+from pdsdk.connectors.stores.disk_record import DEAD, FIELDS, HEADER_SIZE, LIVE, STATE_AT, checksum, header, parse
 
 SUFFIX = ".seg"
 SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
@@ -33,6 +34,25 @@ class Rec:
     def __init__(self, seg: Segment, off: int, size: int):
         self.seg, self.off, self.size = seg, off, size
 
+
+class Damaged(Exception):
+    """A record that cannot be trusted; the message says where and why."""
+
+
+def open_segments(root: Path, store: str) -> tuple[list[Segment], list[tuple], int]:
+    """(the segments under `root`, oldest first; their live records; damaged spots found)."""
+    segments, found, errors = [], [], 0
+    for path in sorted(p for p in root.iterdir() if SEGMENT_NAME.fullmatch(p.name)):
+        try:
+            seg = Segment(int(path.stem, 16), path, os.open(path, os.O_RDWR))
+        except OSError as e:
+            log.warning("%s: cannot open %s: %s", store, path, e)
+            continue
+        records, bad = scan(seg, store)
+        segments.append(seg)
+        found += records
+        errors += bad
+    return segments, found, errors
 
 
 def scan(seg: Segment, store: str) -> tuple[list[tuple], int]:
@@ -69,6 +89,42 @@ def scan(seg: Segment, store: str) -> tuple[list[tuple], int]:
     seg.size = off
     return found, errors
 
+
+def read_record(rec: Rec, key: bytes, payload: memoryview) -> int:
+    """Read a record into `payload` (exactly its length) and verify its header, key, length and
+    checksum: the length. Raises Damaged."""
+    head = bytearray(HEADER_SIZE + len(key))
+    where = f"{rec.seg.path} (record at offset {rec.off})"
+    try:
+        got = os.preadv(rec.seg.fd, [head, payload], rec.off)
+    except OSError as e:
+        raise Damaged(f"cannot read {where}: {e}") from None
+    if got != rec.size:
+        raise Damaged(f"{where} is truncated ({got} of {rec.size} bytes)")
+    parsed = parse(head)
+    if parsed is None or parsed[6] != key or parsed[4] != len(payload):
+        raise Damaged(f"{where} has a bad header")
+    if checksum(payload) != parsed[5]:
+        raise Damaged(f"{where} fails its checksum")
+    return len(payload)
+
+
+def mark_dead(rec: Rec, store: str) -> None:
+    """Set a record's state byte to dead, so that a reopened store skips it."""
+    try:
+        os.pwrite(rec.seg.fd, DEAD, rec.off + STATE_AT)
+    except OSError as e:  # it only comes back after a restart
+        log.warning("%s: cannot mark a record dead in %s: %s", store, rec.seg.path, e)
+
+
+def bury(rec: Rec, key: bytes, store: str) -> None:
+    """Overwrite a damaged record's header and key with intact ones, marked dead, so that a later
+    scan steps over it."""
+    head = header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
+    try:
+        os.pwrite(rec.seg.fd, head[:STATE_AT] + DEAD + head[STATE_AT + 1:], rec.off)
+    except OSError as e:
+        log.warning("%s: cannot mark a damaged record dead in %s: %s", store, rec.seg.path, e)
 
 
 def drop_old_layout(root: Path, store: str) -> None:
