@@ -143,7 +143,8 @@ def page_spans(region: int, page_ids: Iterable[int], page_bytes: int,
 
 
 def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], side: str) -> np.ndarray:
-    """The spans as an array; ValueError for an empty or out-of-range span, naming the first bad one."""
+    """The spans as an array; ValueError for an empty or out-of-range span, naming the first bad one,
+    and for spans over regions of more than one device."""
     arr = span_array(spans)
     if not len(arr):
         return arr
@@ -152,6 +153,7 @@ def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], s
     # Fast path first (this runs on every transfer): bounds by min/max, details only on failure.
     if (len(regions) and region.min() >= 0 and region.max() < len(regions) and length.min() > 0
             and offset.min() >= 0 and ((offset + length) <= sizes[region]).all()):
+        _one_device(region, regions, side)
         return arr
     for i, (r, o, n) in enumerate(arr.tolist()):
         if n <= 0:
@@ -161,6 +163,17 @@ def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], s
         if o < 0 or o + n > regions[r].length:
             raise ValueError(f"{side} span {i} [{o}, {o + n}) is outside region {r} of {regions[r].length} bytes")
     raise AssertionError("unreachable")
+
+
+def _one_device(region: np.ndarray, regions: Sequence[Region], side: str) -> None:
+    """One call moves one device's memory per side (host, or one GPU): backends cannot mix them in
+    one transfer, so a mixed batch is refused here, by name, not by each backend its own way."""
+    first = regions[int(region[0])].device
+    if any(r.device != first for r in regions):  # only then look at the spans
+        used = sorted({regions[i].device for i in np.unique(region).tolist()})
+        if len(used) > 1:
+            raise ValueError(f"{side} spans cover memory on {' and '.join(used)}; one transfer moves one "
+                             "device's memory per side: post one transfer per device")
 
 
 def coalesce(local: Sequence[Span] | np.ndarray, remote: Sequence[Span] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

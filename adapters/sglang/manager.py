@@ -268,7 +268,7 @@ class PdsdkKVManager(CommonKVManager):
         if target.peer is None:
             target.peer = self.transport.connect(target.reg.descriptor)
         # KV pages sit on the GPU, metadata rows in host memory: one transfer each, posted together
-        # (a transport moves GPU<->GPU or host<->host batches, not a mix).
+        # (a transfer moves one device's memory per side, Transport.read/write).
         is_kv = local[:, 0] < len(self.kv_item_lens)
         handles = [self.transport.write(target.peer, local[rows], remote[rows]) for rows in (is_kv, ~is_kv)
                    if rows.any()]

@@ -204,7 +204,8 @@ class Transport(ABC):
 
     def read(self, peer: Peer, local: Spans, remote: Spans, notify: bytes | None = None) -> int:
         """Copy the peer's `remote` spans into our `local` spans. Returns a handle for `poll`.
-        Spans are lists of `Span` or (n, 3) int arrays (region, offset, length), paired by position.
+        Spans are lists of `Span` or (n, 3) int arrays (region, offset, length), paired by position;
+        each side's spans lie in one device's memory (host, or one GPU): post one call per device.
         `notify`, if given, is delivered to the peer's `notifications()` once the bytes are moved."""
         return self._start("READ", peer, local, remote, notify)
 

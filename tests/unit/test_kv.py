@@ -121,6 +121,15 @@ def test_check_spans_names_the_bad_span():
         check_spans([Span(3, 0, 1)], regions, "local")
 
 
+def test_check_spans_refuses_a_batch_over_two_devices():
+    """KV pages on a GPU and metadata rows in host memory (SGLang's aux buffers) go as two transfers."""
+    regions = [Region(0x1000, 100, "cuda:0"), Region(0x9000, 100, "cpu"), Region(0xa000, 100, "cpu")]
+    check_spans([Span(1, 0, 10), Span(2, 0, 10)], regions, "local")  # host only: fine
+    check_spans([Span(0, 0, 10)], regions, "local")  # GPU only: fine
+    with pytest.raises(ValueError, match="spans cover memory on cpu and cuda:0; .*one transfer per device"):
+        check_spans([Span(0, 0, 10), Span(1, 0, 10)], regions, "local")
+
+
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=20), st.integers(1, 16))
 def test_split_spans_keeps_bytes_and_bounds_pieces(lengths, max_bytes):
     offsets = np.cumsum([0] + lengths[:-1])
