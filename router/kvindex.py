@@ -5,11 +5,11 @@ BlockStored carries. The engines' hashes are used only to follow parents and to 
 So the index never needs the engine's hash function or its seed (PYTHONHASHSEED), and one
 lookup over the prompt's token ids serves vLLM and SGLang alike.
 
-The key of a block is hash((parent's key, its tokens)) (with the event's extra keys when it has
-any), from a root key per LoRA adapter: it depends on every token of the prefix and on their
-order, and a child's key follows from its parent's key alone. One tuple hash per block: `apply`
-runs 1.5M blocks per CPU-second against 1.0M for the position-aware XOR scheme it replaced, whose
-keys were integers above 2**64 that cost an allocation at every step.
+The key of a block is hash((parent's key, its tokens)), from a root key per LoRA adapter (an
+event's extra keys are hashed into the chain first): it depends on every token of the prefix and
+on their order, and a child's key follows from its parent's key alone. One tuple hash per block:
+`apply` runs 1.5M blocks per CPU-second against 1.0M for the position-aware XOR scheme it
+replaced, whose keys were integers above 2**64 that cost an allocation at every step.
 
 A "source" is one event stream (one engine, one DP rank). Per source the index keeps
 {engine hash: content key} and the set of content keys held; updates are dict.update /
@@ -34,18 +34,17 @@ def _root(lora_id) -> int:
 
 
 def _chain(key: int, tokens: list[int], block_size: int, n: int, extra=None) -> list[int]:
-    """Keys of the n full blocks of `tokens` that follow the block keyed `key`."""
+    """Keys of the n full blocks of `tokens` that follow the block keyed `key`. Extra keys (a
+    multimodal input's hash, ...) enter the chain once, before the first block: every key from
+    there on differs from a plain prompt's."""
+    if extra is not None:
+        key = hash((key, extra))
     it = iter(tokens)
     out: list[int] = []
     add = out.append
-    if extra is None:
-        for block in islice(zip(*([it] * block_size)), n):
-            key = hash((key, block))
-            add(key)
-    else:
-        for block in islice(zip(*([it] * block_size)), n):
-            key = hash((key, extra, block))
-            add(key)
+    for block in islice(zip(*([it] * block_size)), n):
+        key = hash((key, block))
+        add(key)
     return out
 
 
