@@ -11,7 +11,16 @@ import shutil
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import log
-from pdsdk.connectors.stores.disk_record import DEAD, FIELDS, HEADER_SIZE, LIVE, STATE_AT, checksum, header, parse
+from pdsdk.connectors.stores.disk_record import (
+    DEAD,
+    FIELDS,
+    HEADER_SIZE,
+    LIVE,
+    STATE_AT,
+    checksum,
+    header,
+    parse,
+)
 
 SUFFIX = ".seg"
 SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")

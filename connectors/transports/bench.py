@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--transports", default="", help="comma-separated (default: every loadable transport)")
     p.add_argument("--sizes", default="1,16,256", help="contiguous sizes in MiB, comma-separated (default 1,16,256)")
     p.add_argument("--pages", type=int, default=4608, help="pages in the paged case (default 4608; 0 skips it)")
-    p.add_argument("--page-bytes", type=int, default=32 << 10, help="bytes per page (default 32768)")
+    p.add_argument("--page-bytes", type=int, default=32 << 10,
+                   help="bytes per page, a multiple of 2048 (default 32768)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per cell; the median is reported")
     p.add_argument("--op", choices=("read", "write"), default="read", help="read = pull model (decode reads)")
     p.add_argument("--device", default="cpu", help="this side's memory: cpu or cuda:N")

@@ -149,7 +149,8 @@ class LocalTransport(Transport):
     def _path(self) -> str:
         devices = {r.device.split(":")[0] for r in self.regions} or {"cpu"}
         kernel = self.options["gpu_kernel"]
-        gpu = "cuda-ipc" if kernel == "auto" else f"cuda-ipc ({kernel} page kernel)"  # auto: decided on first use
+        # auto: not decided until the first GPU transfer
+        gpu = "cuda-ipc" if kernel == "auto" else f"cuda-ipc ({kernel} page kernel)"
         return "+".join(sorted({"cpu": "cma", "cuda": gpu}[d] for d in devices))
 
     def _register(self, regions: list[Region]) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU machine (nvidia-h200-x2, or nvidia-h200 with both peers on GPU 0): the GPU tier in steps, so one call can run several and the next call the rest.
+# GPU machine (nvidia-h200-x2, or nvidia-h200 with both peers on GPU 0): the GPU tier in steps, so one
+# call can run several and the next call the rest.
 #   bash tests/gpu/tier.sh setup transports serve single tp2 ...
 # setup: install the staged wheels ($HOME/stage, see ../shared/gpu/README.md) and pdsdk from the carried
 #   archive .whl/pdsdk.tar (`git archive HEAD`, so other engineers' uncommitted edits never travel), and
