@@ -155,8 +155,9 @@ def launch(cell: Cell, opts: MatrixOptions, log_dir: Path, status: Status, *, wo
     sup = Supervisor(plan, log_dir, console=Console(file=io.StringIO()), echo=False)
     running = Running(plan, sup, servers)
     try:
-        sup.start(plan.workers)
-        wait_healthy(sup, plan.workers, opts.start_timeout_s, status, cell.id)
+        for wave in plan.waves:
+            sup.start(wave)
+            wait_healthy(sup, wave, opts.start_timeout_s, status, cell.id)
         sup.start([plan.router])
         wait_healthy(sup, [plan.router], 60, status, cell.id)
     except BaseException:

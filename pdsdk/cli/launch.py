@@ -92,8 +92,9 @@ def serve(plan, log_dir: Path, console, start_timeout: float, echo: bool = True,
     sup = Supervisor(plan, log_dir, console, echo=echo)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as cleanly as Ctrl-C
     try:
-        sup.start(plan.workers)
-        sup.wait_healthy(plan.workers, start_timeout)
+        for wave in plan.waves:
+            sup.start(wave)
+            sup.wait_healthy(wave, start_timeout)
         sup.start([plan.router])
         sup.wait_healthy([plan.router], 60)
         console.print(f"\n[bold green]ready[/]: {plan.endpoint}  (model {plan.served_name!r}; logs in {log_dir})")

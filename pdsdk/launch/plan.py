@@ -16,6 +16,10 @@ from pdsdk.config import load_config
 from pdsdk.errors import ConfigError
 
 ENGINES = ("vllm", "sglang")
+# The engine flag for the share of a GPU's memory one worker takes, and the share of the whole GPU
+# its workers take together when several share it (the rest: CUDA contexts, activations, NCCL).
+GPU_MEMORY_FLAG = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}
+SHARED_GPU_MEMORY = 0.85
 
 
 @dataclass
@@ -41,6 +45,9 @@ class LaunchPlan:
     workers: list[ProcessSpec]
     router: ProcessSpec
     host: str
+    # Workers that may start together. Workers sharing a GPU start one after another: each sizes its
+    # KV pool from the memory it sees free, which a neighbour's start would change under it.
+    waves: list[list[ProcessSpec]] = field(default_factory=list)
 
     @property
     def processes(self) -> list[ProcessSpec]:
@@ -105,23 +112,45 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
         raise ConfigError("worker_gpus", "workers of different TP need their GPUs given per worker")
     else:
         slots = placements(len(roles), opts.tp, opts.gpus)
+    sharing, turns = gpu_sharing(slots)
     counters: dict[str, int] = {}
     workers = []
-    for role, placement, tp in zip(roles, slots, tps):
+    for role, placement, tp, share in zip(roles, slots, tps, sharing):
         index = counters[role] = counters.get(role, -1) + 1
         port = free_port()
-        cmd, env = _worker_command(opts, role, port, served, config, tp)
+        cmd, env = _worker_command(opts, role, port, served, config, tp, share)
         env.update(placement)
         workers.append(ProcessSpec(f"{role}-{index}", role, cmd, env, port))
     router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
-    return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host)
+    waves = [[w for w, t in zip(workers, turns) if t == turn] for turn in sorted(set(turns))]
+    return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves)
+
+
+def gpu_sharing(slots: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """Per worker: how many workers share its busiest GPU (1 on CPU), and its turn to start there."""
+    gpus = [s["CUDA_VISIBLE_DEVICES"].split(",") if "CUDA_VISIBLE_DEVICES" in s else [] for s in slots]
+    users: dict[str, int] = {}
+    for ids in gpus:
+        for g in ids:
+            users[g] = users.get(g, 0) + 1
+    seen: dict[str, int] = {}
+    turns = []
+    for ids in gpus:
+        turns.append(max((seen.get(g, 0) for g in ids), default=0))
+        for g in ids:
+            seen[g] = seen.get(g, 0) + 1
+    return [max((users[g] for g in ids), default=1) for ids in gpus], turns
 
 
 def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
-    """CUDA_VISIBLE_DEVICES per worker on GPUs; a slice of the CPU cores per worker otherwise."""
+    """CUDA_VISIBLE_DEVICES per worker on GPUs; a slice of the CPU cores per worker otherwise.
+
+    A GPU id given twice (`--gpus 0,0,1`) is shared by two workers: each gets part of its memory.
+    """
     if gpus:
         if len(gpus) < n * tp:
-            raise ConfigError("--gpus", f"{n} workers x TP {tp} need {n * tp} GPUs, got {len(gpus)}: {gpus}")
+            raise ConfigError("--gpus", f"{n} workers x TP {tp} need {n * tp} GPU ids, got {len(gpus)}: {gpus}; "
+                                        "repeat an id to share a GPU (e.g. 0,0,1)")
         return [{"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus[i * tp:(i + 1) * tp]))} for i in range(n)]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     per = max(1, len(cores) // n)
@@ -133,13 +162,16 @@ def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
     return out
 
 
-def _worker_command(opts: LaunchOptions, role: str, port: int, served: str,
-                    config: dict[str, Any], tp: int | None = None) -> tuple[list[str], dict[str, str]]:
+def _worker_command(opts: LaunchOptions, role: str, port: int, served: str, config: dict[str, Any],
+                    tp: int | None = None, share: int = 1) -> tuple[list[str], dict[str, str]]:
     tp = tp or opts.tp
+    args = list(opts.engine_args)
+    flag = GPU_MEMORY_FLAG[opts.engine]
+    if share > 1 and not any(a == flag or a.startswith(flag + "=") for a in args):  # the user's share wins
+        args += [flag, f"{int(SHARED_GPU_MEMORY / share * 100) / 100:.2f}"]
     if opts.engine == "vllm":
         from pdsdk.adapters.vllm.command import server_command
 
-        args = list(opts.engine_args)
         if not opts.gpus and not opts.worker_gpus and "--block-size" not in args:
             args += ["--block-size", "32"]  # vLLM's CPU attention needs a multiple of 32
         # A plain worker gets the connector only for a store (prefix reuse, no PD: kv_both, no transport).
@@ -152,7 +184,7 @@ def _worker_command(opts: LaunchOptions, role: str, port: int, served: str,
     from pdsdk.adapters.sglang.command import server_command as sglang_command
 
     return sglang_command(opts.model, port, host=opts.host, role=role, pdsdk_config=config, served_name=served,
-                          tp=tp, python=opts.python, extra_args=tuple(opts.engine_args))
+                          tp=tp, python=opts.python, extra_args=tuple(args))
 
 
 def _router_command(opts: LaunchOptions, workers: list[ProcessSpec]) -> list[str]:

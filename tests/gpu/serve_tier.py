@@ -117,13 +117,9 @@ def run_config(name: str, model: str) -> dict:
     record: dict = {"config": name, "commands": [w.cmd for w in plan.processes]}
     start = time.monotonic()
     try:
-        if ONE_GPU:  # a worker sizes its KV pool from the memory left: start them one by one
-            for w in plan.workers:
-                sup.start([w])
-                sup.wait_healthy([w], 420)
-        else:  # prefill and decode sit on different GPUs: their memory profiling cannot collide
-            sup.start(plan.workers)
-            sup.wait_healthy(plan.workers, 420)
+        for wave in plan.waves:  # workers sharing a GPU start one after another
+            sup.start(wave)
+            sup.wait_healthy(wave, 420)
         sup.start([plan.router])
         sup.wait_healthy([plan.router], 60)
         record["startup_s"] = time.monotonic() - start

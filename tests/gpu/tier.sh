@@ -8,6 +8,8 @@
 # transports: `pdsdk bench transport` GPU0 <- GPU1 for every transport, Mooncake's NVLink protocol, the
 #   staged path on/off, and the NCCL send/recv ceiling.
 # local: the `local` transport alone: the Triton page kernel beside torch's, and where its time goes.
+# nixl-delay: NIXL's paged case with its progress thread busy (0) and sleeping (1000 us, the default).
+# matrix ARGS...: `pdsdk matrix` on the GPUs (its GPU tier), the rest of the arguments passed on.
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,14 +19,19 @@ SRC=$HOME/pdsdk-src; MODEL=$HOME/qwen3-8b-shape; LIMIT=${LIMIT:-585}
 # One GPU (the nvidia-h200 kind): peers share GPU 0, serve_tier.py splits its memory between workers.
 export PDSDK_GPU_COUNT=${PDSDK_GPU_COUNT:-$(nvidia-smi -L | wc -l)}
 PEER=cuda:$((PDSDK_GPU_COUNT > 1 ? 1 : 0))
+# redis-server for the chaos run's store, carried from a Debian machine with its two libraries the GPU
+# machine lacks (.whl/redis: redis-server, liblzf.so.1, libjemalloc.so.2, the redis client wheel).
+export PATH=$HOME/redis:$PATH LD_LIBRARY_PATH=$HOME/redis${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 step_setup() {
   [ -d "$HOME/wheels" ] || { bash "$HOME"/stage/part*/install.sh > "$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"; }
+  [ -d .whl/redis ] && mkdir -p "$HOME/redis" && cp .whl/redis/* "$HOME/redis/" \
+    && python3 -m pip install -q --no-deps "$HOME"/redis/redis-*.whl > "$OUT/redis-install.log" 2>&1
   rm -rf "$SRC" && mkdir -p "$SRC" && tar -xf .whl/pdsdk.tar -C "$SRC"
   (cd "$SRC" && python3 -m pip install -q --no-deps --no-build-isolation . > "$OUT/pdsdk-install.log" 2>&1) \
     || tail -5 "$OUT/pdsdk-install.log"
   (cd /tmp && python3 -c "
 import importlib.metadata as m
-for p in ('vllm', 'sglang', 'nixl', 'mooncake-transfer-engine-cuda13', 'pdsdk', 'torch', 'transformers'):
+for p in ('vllm', 'sglang', 'nixl', 'mooncake-transfer-engine-cuda13', 'pdsdk', 'torch', 'transformers', 'redis'):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: pass")
   (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$MODEL")
@@ -64,11 +71,23 @@ step_local() {
   for k in torch triton; do echo "== profile local ($k)"; (cd /tmp && PEER=$PEER KERNEL=$k timeout 120 \
     python3 "$SRC/tests/gpu/profile_local.py" 2>&1 | grep -v "^\s*$" | head -30 > "$OUT/profile-$k.txt"; head -3 "$OUT/profile-$k.txt"); done
 }
+step_nixl_delay() {
+  for d in 0 1000; do echo "== nixl, progress_delay_us=$d"; bench "nixl-delay-$d" --transports nixl --sizes 1,151 \
+    --pages 4608 --repeats 10 --option nixl.progress_delay_us=$d; done
+}
+step_matrix() {
+  local name=matrix-$(date +%H%M%S)
+  (cd /tmp && timeout $((LIMIT - SECONDS)) python3 -m pdsdk matrix --model "$MODEL" --tier gpu-h200x2 --quiet \
+    --engine-args "--max-model-len 4096" --out "$OUT/$name" "$@") > "$OUT/$name.log" 2>&1
+  cp "$OUT/$name/results.json" "$OUT/$name-results.json"; tail -25 "$OUT/$name.log"
+}
 while [ $# -gt 0 ]; do
   case $1 in
     setup) step_setup; shift ;;
     transports) step_transports; shift ;;
     local) step_local; shift ;;
+    nixl-delay) step_nixl_delay; shift ;;
+    matrix) shift; step_matrix "$@"; break ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;

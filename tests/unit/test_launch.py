@@ -24,8 +24,25 @@ def test_plan_assigns_roles_ports_and_cores():
 def test_gpus_are_split_per_worker_by_tp():
     plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=1, decode=1, tp=2, gpus=[0, 1, 2, 3]))
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["0,1", "2,3"]
-    with pytest.raises(ConfigError, match="--gpus.*need 4 GPUs, got 2"):
+    with pytest.raises(ConfigError, match="--gpus.*need 4 GPU ids, got 2"):
         build_plan(LaunchOptions(engine="vllm", model="m", tp=2, gpus=[0, 1]))
+
+
+def test_a_gpu_given_twice_is_shared_with_part_of_its_memory_and_staggered_starts():
+    plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=2, decode=1, gpus=[0, 0, 1]))
+    p0, p1, d = plan.workers
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["0", "0", "1"]
+    for w in (p0, p1):
+        assert w.cmd[w.cmd.index("--gpu-memory-utilization") + 1] == "0.42"
+    assert "--gpu-memory-utilization" not in d.cmd  # alone on its GPU: the engine's default
+    assert [[w.name for w in wave] for wave in plan.waves] == [["prefill-0", "decode-0"], ["prefill-1"]]
+
+    mine = build_plan(LaunchOptions(engine="sglang", model="m", prefill=1, decode=1, gpus=[0, 0],
+                                    engine_args=["--mem-fraction-static=0.3"]))
+    assert all("--mem-fraction-static" not in w.cmd and "--mem-fraction-static=0.3" in w.cmd for w in mine.workers)
+    # Overlapping TP groups: the decode on GPU 1 waits for the TP=2 prefill on GPUs 0,1.
+    hetero = build_plan(LaunchOptions(engine="vllm", model="m", prefill_tp=2, worker_gpus=[[0, 1], [1]]))
+    assert [[w.name for w in wave] for wave in hetero.waves] == [["prefill-0"], ["decode-0"]]
 
 
 def test_bad_parts_fail_before_anything_starts():
