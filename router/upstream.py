@@ -240,7 +240,10 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
         if timer is not None:
             timer.cancel()
             timer = None
-        await out.write_eof()
+        try:
+            await out.write_eof()
+        except ConnectionResetError:
+            pass  # the client left after the last event, before the end of the chunked body: it has it all
     finally:
         if timer is not None:
             timer.cancel()

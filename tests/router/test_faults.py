@@ -169,3 +169,31 @@ def test_deadline_ends_a_stream_with_an_error_event():
             status, out, _ = await h.post("/v1/completions", BODY, headers={"X-Request-Timeout": "0.3"})
             assert status in (502, 504)
     run(main())
+
+
+def test_a_client_leaving_before_the_body_ends_is_no_server_error(monkeypatch, caplog):
+    """Seen on the GPU matrix: a load client closed its connection after the last event, before the
+    chunked body's end; aiohttp logged the router's write of that end as 'Error handling request'."""
+    from aiohttp import web
+    from aiohttp.client_exceptions import ClientConnectionResetError
+
+    real = web.StreamResponse.write_eof
+
+    async def gone(self, data=b""):
+        if sys._getframe(1).f_code.co_name == "relay":  # the router's answer, not the test worker's
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        await real(self, data)
+
+    async def main():
+        async with Harness(plain=1) as h:
+            monkeypatch.setattr(web.StreamResponse, "write_eof", gone)
+            async with aiohttp.ClientSession() as s:
+                async with s.post(h.url + "/v1/completions", json={**BODY, "stream": True}) as r:
+                    try:
+                        await r.read()  # the body never ends properly
+                    except aiohttp.ClientPayloadError:
+                        pass
+            _, metrics = await h.get("/metrics")
+            assert 'code="500"' not in metrics
+    run(main())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
