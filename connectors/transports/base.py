@@ -318,6 +318,10 @@ class Transport(ABC):
     @abstractmethod
     def _path(self) -> str: ...
 
+    # Whether GPU memory can silently take a host path (UCX over TCP, NCCL over sockets): then a
+    # slow large VRAM->VRAM transfer is reported as one. `local` has no such path: CUDA IPC or fail.
+    MAY_TAKE_HOST_PATH = True
+
     def _slow_path_hint(self) -> str:
         """What to do when GPU memory moved through the host (transport-specific)."""
         return "between processes on one GPU use transport 'local' (CUDA IPC)"
@@ -465,7 +469,9 @@ class Transport(ABC):
         Judged only on large transfers of few runs (thousands of scattered pages are slow for
         other reasons), and never on the first one with a peer: it pays for mapping and
         connection setup (measured: 6 GB/s for a first CUDA IPC transfer that then ran at 240)."""
-        if t.nbytes < (16 << 20) or t.spans > 64 or self._path_warning is not None:
+        if not self.MAY_TAKE_HOST_PATH or self._path_warning is not None:
+            return
+        if t.nbytes < (16 << 20) or t.spans > 64:
             return
         if any(r.device == "cpu" for r in itertools.chain(self.regions, t.peer.regions)):
             return

@@ -77,6 +77,14 @@ def test_slow_gpu_path_is_reported_loudly(caplog):
     assert t.stats()["path_warning"] and "went through the host" in caplog.text
 
 
+def test_a_transport_without_a_host_path_never_claims_one(monkeypatch):
+    monkeypatch.setattr(Scripted, "MAY_TAKE_HOST_PATH", False)  # as `local` (CUDA IPC or nothing)
+    t, peer = connected(device="cuda:0", delay=0.05)
+    for _ in range(3):
+        assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
+    assert "WARNING" not in t.path() and not t.stats()["path_warning"]
+
+
 def test_many_scattered_runs_are_not_judged_as_a_host_path():
     t, peer = connected(device="cuda:0", delay=0.05)
     pages = [Span(0, i * (64 << 10), 32 << 10) for i in range(512)]  # 16 MiB in 512 runs: descriptor-bound
