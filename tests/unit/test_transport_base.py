@@ -70,17 +70,25 @@ def test_close_fails_pending_transfers():
 
 def test_slow_gpu_path_is_reported_loudly(caplog):
     t, peer = connected(device="cuda:0", delay=0.05)  # 32 MiB in 50 ms: 0.7 GB/s, a host path
-    assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
-    assert "WARNING" not in t.path()  # the first large transfer with a peer pays for setup: not judged
-    assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
+    for _ in range(4):  # the first pays for setup; the fastest of the next three judges the path
+        assert "WARNING" not in t.path()
+        assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
     assert "WARNING: VRAM->VRAM ran at" in t.path() and "CUDA IPC" in t.path()
     assert t.stats()["path_warning"] and "went through the host" in caplog.text
+
+
+def test_one_slow_transfer_on_a_fast_path_is_no_host_path():
+    t, peer = connected(device="cuda:0", delay=0.0)  # 32 MiB "instantly": a P2P path
+    for delay in (0.0, 0.0, 0.05, 0.0, 0.05):  # a busy GPU slows some transfers
+        t.options["delay"] = delay
+        assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
+    assert "WARNING" not in t.path() and not t.stats()["path_warning"]
 
 
 def test_a_transport_without_a_host_path_never_claims_one(monkeypatch):
     monkeypatch.setattr(Scripted, "MAY_TAKE_HOST_PATH", False)  # as `local` (CUDA IPC or nothing)
     t, peer = connected(device="cuda:0", delay=0.05)
-    for _ in range(3):
+    for _ in range(5):
         assert t.wait(t.read(peer, [Span(0, 0, 32 << 20)], [Span(0, 0, 32 << 20)])).state == "done"
     assert "WARNING" not in t.path() and not t.stats()["path_warning"]
 
@@ -88,7 +96,7 @@ def test_a_transport_without_a_host_path_never_claims_one(monkeypatch):
 def test_many_scattered_runs_are_not_judged_as_a_host_path():
     t, peer = connected(device="cuda:0", delay=0.05)
     pages = [Span(0, i * (64 << 10), 32 << 10) for i in range(512)]  # 16 MiB in 512 runs: descriptor-bound
-    for _ in range(3):
+    for _ in range(5):
         assert t.wait(t.read(peer, pages, pages)).state == "done"
     assert "WARNING" not in t.path() and not t.stats()["path_warning"]
 
