@@ -9,6 +9,7 @@
 #   staged path on/off, and the NCCL send/recv ceiling.
 # local: the `local` transport alone: the Triton page kernel beside torch's, and where its time goes.
 # nixl-delay: NIXL's paged case with its progress thread busy (0) and sleeping (1000 us, the default).
+# invariance: tests/gpu/invariance.py (vLLM's batch-invariant mode against the exact greedy check).
 # matrix ARGS...: `pdsdk matrix` on the GPUs (its GPU tier), the rest of the arguments passed on.
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
@@ -87,6 +88,8 @@ while [ $# -gt 0 ]; do
     transports) step_transports; shift ;;
     local) step_local; shift ;;
     nixl-delay) step_nixl_delay; shift ;;
+    invariance) (cd /tmp && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/invariance.py" "$MODEL") \
+      > "$OUT/invariance.log" 2>&1; tail -6 "$OUT/invariance.log"; shift ;;
     matrix) shift; step_matrix "$@"; break ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
