@@ -165,21 +165,23 @@ def seed_tables(cells: list[dict]) -> str:
 def faults_section(f: dict[str, Any] | None) -> str:
     if not f:
         return ""
-    verdict = "**0 / 0 / 0**" if f.get("ok") else "**not met**"
+    exact = f.get("exact", True)
+    verdict = ("**0 / 0 / 0**" if exact else "**0 / - / 0** (outputs not judged)") if f.get("ok") else "**not met**"
     control = not (f.get("options") or {}).get("kinds", True)
     out = ["#### Chaos run" + (" (control: the same load, no faults injected)" if control else ""), "",
            f"`{f.get('cell', '?')}`, {f.get('requests')} requests at {f.get('rate')}/s, deadline {f.get('deadline_s')} s"
            + (f", machine load average {f['loadavg_1m']} at the end" if f.get("loadavg_1m") is not None else "")
            + "; " f"faults: {', '.join(f'{k} x{v}' for k, v in (f.get('fault_counts') or {}).items()) or 'none injected'}.", "",
            table(["requests", "completed", "lost", "wrong outputs", "past deadline", "goal 0/0/0", "router retries"],
-                 [[str(f.get("requests")), str(f.get("completed")), str(f.get("lost")), str(f.get("wrong")),
+                 [[str(f.get("requests")), str(f.get("completed")), str(f.get("lost")),
+                   f"{f.get('wrong')}" + ("" if f.get("exact", True) else " (not judged: no batch-invariant mode)"),
                    str(f.get("late")), verdict, _f(f.get("router_retries"), 0)]]), ""]
     if f.get("error"):
         out += [f"Run error: {_escape(f['error'])}", ""]
     if f.get("lost_reasons"):
         out += ["Lost requests: " + "; ".join(f"`{_escape(r)[:160]}`" for r in f["lost_reasons"]), ""]
     for w in f.get("wrong_examples") or []:
-        out += [f"Wrong output: request {w['index']} differs from token {w['position']} "
+        out += [f"{'Wrong' if exact else 'Different'} output: request {w['index']} differs from token {w['position']} "
                 f"(lengths {w['lengths'][0]} vs {w['lengths'][1]}): expected `{w['expected']}`, got `{w['got']}`", ""]
     t = f.get("transfer") or {}
     if t:
@@ -253,7 +255,8 @@ def compat_section(tier: dict[str, Any]) -> str:
     f = tier.get("faults")
     if f:
         v = f["run"].get("versions") or {}
-        status = "chaos goal met (0/0/0)" if f.get("ok") else \
+        met = "chaos goal met (0/0/0)" if f.get("exact", True) else "chaos: 0 lost, 0 late (outputs not judged)"
+        status = met if f.get("ok") else \
             f"**chaos goal not met**: lost {f.get('lost')}, wrong {f.get('wrong')}, late {f.get('late')}"
         rows.append([f"`{f.get('cell')}` (faults)", status, *[str(v.get(k) or "-") for k in COMPONENTS],
                      f["run"].get("date") or "-"])

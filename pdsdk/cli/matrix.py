@@ -59,6 +59,10 @@ def register(sub) -> None:
     a("--served-model-name", default=None, help="name clients use (default: the model folder's name)")
     a("--vocab", type=int, default=None, help="prompt ids drawn below this (default: the model's tokenizer.json)")
     a("--gpus", default=None, help="GPU ids, e.g. 0,1 (default: CPU)")
+    a("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+      help="vLLM's batch-invariant mode on GPUs, so greedy outputs can be held to the baseline token for "
+           "token (default: on with --gpus; its kernels are slower, so for speed rows pass "
+           "--no-batch-invariant: outputs are then reported, not judged)")
     a("--tier", default=None, help="name of this machine's rows in the reports (default cpu, or gpu with --gpus)")
     a("--num-prompts", type=int, default=None, help="requests per cell (default 200 on GPUs, 24 on CPU)")
     a("--isl", type=int, default=None, help="input tokens per request (default 1024 on GPUs, 256 on CPU)")
@@ -107,6 +111,9 @@ def _check(args) -> None:
         v = getattr(args, name)
         if v is not None and v <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}", f"must be positive, got {v}")
+    if args.batch_invariant and not args.gpus:
+        raise ConfigError("--batch-invariant", "is vLLM's GPU mode; CPU cells are held exact without it: add --gpus "
+                                               "or leave it out")
 
 
 def build_cells(args, sel: dict, gpus, scale: dict):
@@ -185,7 +192,8 @@ def run(args) -> int:
     opts = MatrixOptions(model=model, out=out, tier=args.tier or ("gpu" if gpus else "cpu"), vocab=vocab,
                          served_name=args.served_model_name, gpus=gpus, python=args.python or MatrixOptions.python,
                          engine_args=shlex.split(args.engine_args), start_timeout_s=args.start_timeout,
-                         machine=machine())
+                         machine=machine(),
+                         batch_invariant=bool(gpus) if args.batch_invariant is None else args.batch_invariant)
     faults = None
     if sel["faults"]:
         from pdsdk.matrix.faults import FaultOptions

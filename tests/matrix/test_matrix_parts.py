@@ -58,6 +58,20 @@ def test_bad_options_name_the_option():
     assert done.returncode == 2 and "--transports" in done.stderr
 
 
+def test_gpu_cells_are_held_exact_only_in_batch_invariant_mode(tmp_path):
+    from pdsdk.matrix.runner import MatrixOptions
+
+    cpu = MatrixOptions(model="m", out=tmp_path)
+    assert cpu.judges_exactly("vllm") and cpu.engine_env("vllm") == {}
+    gpu = MatrixOptions(model="m", out=tmp_path, gpus=[0, 1], batch_invariant=True)
+    assert gpu.judges_exactly("vllm") and gpu.engine_env("vllm") == {"VLLM_BATCH_INVARIANT": "1"}
+    assert not gpu.judges_exactly("sglang") and gpu.engine_env("sglang") == {}  # no such mode wired for SGLang
+    speed = MatrixOptions(model="m", out=tmp_path, gpus=[0, 1], batch_invariant=False)
+    assert not speed.judges_exactly("vllm") and speed.engine_env("vllm") == {}
+    done = run_cli("matrix", "--batch-invariant", "--list")
+    assert done.returncode == 2 and "--batch-invariant" in done.stderr and "--gpus" in done.stderr
+
+
 def test_list_shows_seed_layouts_and_reasons():
     done = run_cli("matrix", "--preset", "ci", "--seed-tables", "--list")
     assert done.returncode == 0, done.stderr
