@@ -171,7 +171,21 @@ def latency(args) -> list[dict[str, Any]]:
     return out
 
 
-def index_speed(args) -> dict[str, Any]:
+def index_speeds(args) -> list[dict[str, Any]]:
+    """The index with the compiled block hasher and, as its peer in the same run, with Python's."""
+    from pdsdk.router import kvindex
+
+    compiled = kvindex._compiled_chain
+    out = [index_speed(args)] if compiled is not None else []
+    kvindex._compiled_chain = None
+    try:
+        out.append(index_speed(args, case="kv_index_python_keys"))
+    finally:
+        kvindex._compiled_chain = compiled
+    return out
+
+
+def index_speed(args, case: str = "kv_index") -> dict[str, Any]:
     from pdsdk.router import fake_events as fe
     from pdsdk.router.kvindex import KVIndex
     from pdsdk.router.kvwire import decode_batch
@@ -207,7 +221,7 @@ def index_speed(args) -> dict[str, Any]:
     look = time.perf_counter() - t0
     if hits != lookups:
         raise AssertionError(f"only {hits} of {lookups} indexed prompts were found")
-    return {"case": "kv_index", "mode": "", "streams": 0, "blocks": n, "block_size": bs,
+    return {"case": case, "mode": "", "streams": 0, "blocks": n, "block_size": bs,
             "events_per_s": round(n / min(wall)), "events_per_cpu_s": round(n / min(cpu)),
             "lookups_per_s": round(lookups / look), "lookup_prompt_tokens": prompt_blocks * bs}
 
@@ -226,7 +240,7 @@ def run(args) -> int:
     with console.status("router latency: direct vs routed..."):
         records = latency(args)
     with console.status("KV index: ingest and lookups..."):
-        records.append(index_speed(args))
+        records += index_speeds(args)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     for r in records:  # how busy the machine was with other work: these numbers are shared-core numbers
         r["loadavg_1m"] = [round(load0[0], 2), round(load1[0], 2)] if load0 and load1 else None

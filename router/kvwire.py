@@ -10,7 +10,9 @@ publisher id) on vLLM newer than 0.33 with a snapshot endpoint. payload is a msg
 Hashes are opaque: ints (vLLM: low 64 bits of sha256; SGLang: signed int64) or raw bytes.
 
 Decoding is batch-at-a-time with typed msgspec structs (one C call per batch, no per-event
-Python objects besides the event structs themselves). Fields the structs do not name are
+Python objects besides the event structs themselves). A BlockStored's token ids stay msgpack
+(msgspec.Raw) for the index's compiled hasher, which keys blocks without a Python int per token;
+`as_ints(ev.token_ids)` gives them as ints. Fields the structs do not name are
 ignored (unknown map keys, trailing array items), so fields added by newer engines never break
 the router. A batch the typed decoders reject (an event type we do not know, a field of an
 unexpected type, a map-shaped batch) is decoded again generically, event by event, with the
@@ -30,10 +32,11 @@ STORED, REMOVED, CLEARED = 1, 2, 3
 
 class Stored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     """BlockStored. As a class it decodes the positional form: the first six fields only, as the
-    engines' positional layouts differ after `medium`. StoredMap adds the map form's fields."""
+    engines' positional layouts differ after `medium`. StoredMap adds the map form's fields.
+    `token_ids` is the msgpack array as it came (or a list, from the generic decoder)."""
     block_hashes: list[Hash]
     parent: Hash | None = msgspec.field(name="parent_block_hash")
-    token_ids: list[int]
+    token_ids: msgspec.Raw
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
@@ -80,6 +83,17 @@ class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
 
 _typed = [msgspec.msgpack.Decoder(_MapBatch), msgspec.msgpack.Decoder(_ArrayBatch)]
 _generic = msgspec.msgpack.Decoder()
+_ints = msgspec.msgpack.Decoder(list[int])
+
+
+def as_ints(tokens) -> list[int]:
+    """A BlockStored's `token_ids` as ints (a list stays as it is); WireError when they are not ints."""
+    if isinstance(tokens, list):
+        return tokens
+    try:
+        return _ints.decode(tokens)
+    except msgspec.DecodeError as e:  # ValidationError included
+        raise WireError(f"token_ids: {e}") from None
 
 
 class WireError(ValueError):

@@ -13,7 +13,7 @@ from pdsdk.router import fake_events as fe
 from pdsdk.router.harness import Harness, free_port
 from pdsdk.router.kvindex import KVIndex
 from pdsdk.router.kvsub import EventStream
-from pdsdk.router.kvwire import Cleared, Removed, Stored, WireError, decode_batch, parse_seq
+from pdsdk.router.kvwire import STORED, Cleared, Removed, Stored, WireError, as_ints, decode_batch, parse_seq
 
 FORMATS = list(fe.FORMATS)
 BS = 4
@@ -39,7 +39,7 @@ def test_wire_formats_decode(fmt):
             assert "medium" not in ev0 and "lora_id" not in ev0  # None-valued optionals omitted
     _, events, rank = decode_batch(payload)
     assert rank == 0
-    assert isinstance(events[0], Stored) and events[0].block_hashes == h and events[0].token_ids == toks
+    assert isinstance(events[0], Stored) and events[0].block_hashes == h and as_ints(events[0].token_ids) == toks
     assert events[0].parent is None and events[0].block_size == BS
     assert isinstance(events[1], Removed) and events[1].block_hashes == h[1:]
     assert isinstance(events[2], Cleared)
@@ -288,8 +288,10 @@ def test_typed_decoding_matches_the_generic_decoder(fmt):
     assert fast[0] == slow[0] and fast[2] == slow[2]
     for a, b in zip(fast[1], slow[1], strict=True):
         assert a.kind == b.kind
-        for f in ("block_hashes", "parent", "token_ids", "block_size", "lora_id", "medium", "extra_keys", "group_idx"):
+        for f in ("block_hashes", "parent", "block_size", "lora_id", "medium", "extra_keys", "group_idx"):
             assert getattr(a, f, None) == getattr(b, f, None), f
+        if a.kind == STORED:
+            assert as_ints(a.token_ids) == as_ints(b.token_ids)
 
 
 def test_batches_the_typed_decoders_refuse_still_decode():
@@ -301,8 +303,57 @@ def test_batches_the_typed_decoders_refuse_still_decode():
     as_map = {"ts": 1.0, "events": [{"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
                                      "token_ids": toks, "block_size": BS, "future_field": {"x": 1}}]}
     _, events, _ = decode_batch(msgspec.msgpack.encode(as_map))  # a map-shaped batch
-    assert events[0].token_ids == toks
+    assert as_ints(events[0].token_ids) == toks
     odd = [1, [{"type": "BlockStored", "block_hashes": None, "parent_block_hash": None, "token_ids": None,
                 "block_size": None}]]
     _, events, _ = decode_batch(msgspec.msgpack.encode(odd))  # nulls where lists belong: generic path
     assert events[0].block_hashes == [] and KVIndex().apply("s", events) == 0
+
+
+# --- block keys: compiled (router/_kvhash.c) and in Python -----------------------------------
+
+# every msgpack integer width, both signs, and token ids as they come
+EDGE_IDS = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, -1, -32, -33, -128, -129,
+            -32768, -32769, -2**31, -2**31 - 1, -2**63, 151935, 7, 42]
+
+
+@pytest.fixture(params=["compiled", "python"])
+def keys_by(request, monkeypatch):
+    from pdsdk.router import kvindex
+
+    if request.param == "python":
+        monkeypatch.setattr(kvindex, "_compiled_chain", None)
+    elif kvindex._compiled_chain is None:
+        pytest.skip("pdsdk was installed without its compiled hasher (no C compiler)")
+    return kvindex.chain
+
+
+@pytest.mark.parametrize("encoder", ["msgspec", "msgpack"])
+def test_keys_from_event_bytes_equal_keys_from_a_prompt(keys_by, encoder):
+    """An event's token ids are keyed from their msgpack bytes, a prompt's from its list: the same."""
+    encode = msgspec.msgpack.encode if encoder == "msgspec" else pytest.importorskip("msgpack").packb
+    for toks in (EDGE_IDS, EDGE_IDS[:8], list(range(70_000))):  # fixarray, array16, array32 headers
+        n = len(toks) // BS
+        assert keys_by(5, encode(toks), BS, n) == keys_by(5, toks, BS, n)
+        assert keys_by(5, encode(toks), BS, n + 1) is None  # fewer ids than blocks
+    keys = keys_by(0, EDGE_IDS, BS, 6)
+    swapped = EDGE_IDS[:9] + [EDGE_IDS[10], EDGE_IDS[9]] + EDGE_IDS[11:]  # two ids of block 2 swapped
+    assert keys_by(0, swapped, BS, 6)[:2] == keys[:2] and not set(keys_by(0, swapped, BS, 6)[2:]) & set(keys)
+    assert keys_by(1, EDGE_IDS, BS, 6)[0] != keys[0]  # another parent
+
+
+def test_token_ids_that_are_not_ints_are_never_indexed(keys_by):
+    with pytest.raises(WireError, match="token_ids"):
+        keys_by(0, msgspec.msgpack.encode(["a", "b", "c", "d"]), BS, 1)
+    with pytest.raises(WireError, match="token_ids"):
+        keys_by(0, msgspec.msgpack.encode({"not": "a list"}), BS, 1)
+    bad = [0.0, [{"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None,
+                  "token_ids": ["a", "b", "c", "d"], "block_size": BS}]]
+    idx = KVIndex()
+    assert idx.apply("s", decode_batch(msgspec.msgpack.encode(bad))[1]) == 0 and idx.counts["ignored"] == 1
+    assert idx.lookup(["a", "b", "c", "d"]) == {}
+
+
+def test_index_works_with_either_hasher(keys_by):
+    test_index_store_lookup_remove_clear()
+    test_keys_do_not_depend_on_how_blocks_were_batched()
