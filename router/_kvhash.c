@@ -83,19 +83,22 @@ static PyObject *chain(PyObject *self, PyObject *args) {
     if (key == (uint64_t)-1 && PyErr_Occurred()) return NULL;
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
-    if (PyList_Check(tokens)) {
-        if (PyList_GET_SIZE(tokens) < bs * n) { Py_DECREF(out); Py_RETURN_NONE; }
-        PyObject **items = PySequence_Fast_ITEMS(tokens);
+    if (!PyObject_CheckBuffer(tokens)) {  /* a list (or tuple) of ints */
+        PyObject *seq = PySequence_Fast(tokens, "tokens: a list of ints or a buffer of msgpack");
+        if (seq == NULL) { Py_DECREF(out); return NULL; }
+        if (PySequence_Fast_GET_SIZE(seq) < bs * n) { Py_DECREF(seq); Py_DECREF(out); Py_RETURN_NONE; }
+        PyObject **items = PySequence_Fast_ITEMS(seq);
         for (Py_ssize_t b = 0; b < n; b++) {
             uint64_t acc = key + P5 + (uint64_t)bs;
             for (Py_ssize_t i = b * bs; i < (b + 1) * bs; i++) {
                 uint64_t t = PyLong_AsUnsignedLongLongMask(items[i]);
-                if (t == (uint64_t)-1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
+                if (t == (uint64_t)-1 && PyErr_Occurred()) { Py_DECREF(seq); Py_DECREF(out); return NULL; }
                 acc = round_(acc, t);
             }
             key = avalanche(acc);
             PyList_SET_ITEM(out, b, PyLong_FromLongLong((long long)(int64_t)key));
         }
+        Py_DECREF(seq);
         return out;
     }
     Py_buffer view;

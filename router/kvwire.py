@@ -86,13 +86,14 @@ _generic = msgspec.msgpack.Decoder()
 _ints = msgspec.msgpack.Decoder(list[int])
 
 
-def as_ints(tokens) -> list[int]:
-    """A BlockStored's `token_ids` as ints (a list stays as it is); WireError when they are not ints."""
-    if isinstance(tokens, list):
+def as_ints(tokens) -> list | tuple:
+    """A BlockStored's `token_ids` as ints, decoded when they are msgpack bytes (a list or a tuple
+    stays as it is); WireError when msgpack bytes are not an array of ints."""
+    if isinstance(tokens, (list, tuple)):
         return tokens
     try:
         return _ints.decode(tokens)
-    except msgspec.DecodeError as e:  # ValidationError included
+    except (msgspec.DecodeError, TypeError) as e:  # ValidationError included
         raise WireError(f"token_ids: {e}") from None
 
 

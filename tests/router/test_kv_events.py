@@ -340,6 +340,7 @@ def test_keys_from_event_bytes_equal_keys_from_a_prompt(keys_by, encoder):
     swapped = EDGE_IDS[:9] + [EDGE_IDS[10], EDGE_IDS[9]] + EDGE_IDS[11:]  # two ids of block 2 swapped
     assert keys_by(0, swapped, BS, 6)[:2] == keys[:2] and not set(keys_by(0, swapped, BS, 6)[2:]) & set(keys)
     assert keys_by(1, EDGE_IDS, BS, 6)[0] != keys[0]  # another parent
+    assert keys_by(0, tuple(EDGE_IDS), BS, 6) == keys  # a prompt may come as a tuple
 
 
 def test_token_ids_that_are_not_ints_are_never_indexed(keys_by):
