@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1; 0 = plain serving, no PD)")
     p.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size per worker (default 1)")
-    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: CPU, cores split between workers)")
+    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1; an id given twice is shared, e.g. "
+                                                "0,0,1 (default: CPU, cores split between workers)")
     p.add_argument("--policy", default="least_load", help="router policy (default least_load)")
     p.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
