@@ -11,6 +11,7 @@ Failure is a state, never a hang: every transfer has a deadline, and a dead peer
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,19 @@ PENDING, DONE, FAILED = "pending", "done", "failed"
 MIN_VRAM_GBPS = 20.0  # below this, a large VRAM->VRAM transfer did not take NVLink/PCIe P2P
 JUDGED_TRANSFERS = 3  # large VRAM transfers per peer (after the first) whose fastest judges the path
 Spans = Sequence[Span] | np.ndarray
+_live: weakref.WeakSet = weakref.WeakSet()  # transports not closed yet
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close what the process left open before the interpreter finalizes: native threads (UCX/NIXL
+    progress, Mooncake, gloo waits) still running while C++ statics are destroyed abort the
+    process ("terminate called without an active exception") after its work is done."""
+    for transport in list(_live):
+        try:
+            transport.close()
+        except Exception:  # noqa: BLE001 - exiting anyway; a half-built transport may not close
+            pass
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -148,6 +163,7 @@ class Transport(ABC):
         self._lock = threading.Lock()
         self._stats = TransportStats()
         self._closed = False
+        _live.add(self)
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -292,6 +308,7 @@ class Transport(ABC):
         if self._closed:
             return
         self._closed = True
+        _live.discard(self)
         with self._lock:
             pending = [(h, t) for h, t in self._transfers.items() if not t.status.final]
         for h, t in pending:

@@ -22,7 +22,6 @@ once, nothing lands late) and later transfers with that peer fail fast.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import logging
@@ -33,7 +32,6 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
@@ -55,15 +53,6 @@ from pdsdk.kv import Region, check_spans, split_spans
 log = logging.getLogger(__name__)
 
 KILL_TAG = 2**31 - 1  # never a transfer's tag: a receive on it that times out aborts a gloo group
-_live: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    """Quiesce our threads before the interpreter finalizes: a daemon thread coming back from torch's
-    C++ (a finished gloo wait) during finalization aborts the process ("terminate called")."""
-    for transport in list(_live):
-        transport.close()
 
 
 class NcclTransport(Transport):
@@ -93,7 +82,6 @@ class NcclTransport(Transport):
         self._watchdog = threading.Thread(target=self._watch, name=f"pdsdk-nccl-watch-{self.agent}",
                                           daemon=True)
         self._watchdog.start()
-        _live.add(self)
 
     def _path(self) -> str:
         return self._backend
@@ -486,4 +474,3 @@ class NcclTransport(Transport):
             pair.pg = None  # no global teardown: there is no default group
         self._staging.clear()
         self._store = None
-        _live.discard(self)

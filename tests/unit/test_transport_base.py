@@ -122,3 +122,17 @@ def test_cost_rule_stages_small_gpu_pages_and_not_host_pages():
     assert prefer_staged(4608, 4608 * 32768, "cuda:0")  # 151 MB: gather 0.2 ms vs 41 ms of descriptors
     assert not prefer_staged(4608, 4608 * 32768, "cpu")  # numpy gather costs more than it saves
     assert not prefer_staged(1, 1 << 30, "cuda:0")  # one run needs no staging
+
+
+def test_transports_left_open_are_closed_at_exit(monkeypatch):
+    """Native threads of a transport nobody closed abort a process at interpreter exit."""
+    import weakref
+
+    from pdsdk.connectors.transports import base
+
+    monkeypatch.setattr(base, "_live", weakref.WeakSet())  # only this test's transports
+    t, peer = connected(delay=None)
+    h = t.read(peer, [Span(0, 0, 4096)], [Span(0, 0, 4096)])
+    assert t in base._live
+    base._close_all()  # what atexit runs
+    assert t.closed and t.poll(h).reason == "transport closed" and t not in base._live
