@@ -78,7 +78,7 @@ step_nixl_delay() {
 }
 step_matrix() {
   local name=matrix-$(date +%H%M%S)
-  (cd /tmp && timeout $((LIMIT - SECONDS)) python3 -m pdsdk matrix --model "$MODEL" --tier gpu-h200x2 --quiet \
+  (cd /tmp && timeout $((LIMIT - SECONDS)) python3 -m pdsdk matrix --model "$MODEL" --tier "gpu-h200x$PDSDK_GPU_COUNT" --quiet \
     --engine-args "--max-model-len 4096" --out "$OUT/$name" "$@") > "$OUT/$name.log" 2>&1
   cp "$OUT/$name/results.json" "$OUT/$name-results.json"; tail -25 "$OUT/$name.log"
 }
