@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from pdsdk.connectors.transports.path_judge import PathJudge
 from pdsdk.connectors.transports.staging import StagedTransfer
 
 from pdsdk.errors import ConfigError, PdsdkError
@@ -36,8 +37,6 @@ from pdsdk.plugins import notify as notify_observers
 log = logging.getLogger(__name__)
 
 PENDING, DONE, FAILED = "pending", "done", "failed"
-MIN_VRAM_GBPS = 20.0  # below this, a large VRAM->VRAM transfer did not take NVLink/PCIe P2P
-JUDGED_TRANSFERS = 3  # large VRAM transfers per peer (after the first) whose fastest judges the path
 Spans = Sequence[Span] | np.ndarray
 _live: weakref.WeakSet = weakref.WeakSet()  # transports not closed yet
 
@@ -157,7 +156,7 @@ class Transport(ABC):
         self.regions: list[Region] = []
         self._stager: Any = None
         self._path_warning: str | None = None
-        self._rates: dict[str, list[float]] = {}  # peer -> GB/s of its large VRAM transfers until judged
+        self._path_judge = PathJudge()
         self._transfers: dict[int, _Transfer] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -481,29 +480,13 @@ class Transport(ABC):
                              reason=status.reason)
 
     def _observe_rate(self, t: _Transfer, seconds: float) -> None:
-        """GPU memory on both sides moving at host-copy speed means the bytes took a host (TCP)
-        path instead of NVLink/PCIe P2P: say so once, loudly, in the log and in path().
-
-        Judged only on large transfers of few runs (thousands of scattered pages are slow for
-        other reasons), by the fastest of a peer's first JUDGED_TRANSFERS after its first (which
-        pays for mapping and connection setup: measured 6 GB/s for a first CUDA IPC transfer that
-        then ran at 240). The fastest, because a busy GPU or a queue slows some transfers of a P2P
-        path (the GPU tier's matrix saw single ones at 3.7-9 GB/s under load) but a host path
-        never runs one fast."""
+        """A host path under GPU memory is said once, loudly, in the log and in path() (path_judge.py)."""
         if not self.MAY_TAKE_HOST_PATH or self._path_warning is not None:
-            return
-        if t.nbytes < (16 << 20) or t.spans > 64:
             return
         if any(r.device == "cpu" for r in itertools.chain(self.regions, t.peer.regions)):
             return
-        rates = self._rates.setdefault(t.peer.agent, [])
-        if len(rates) > JUDGED_TRANSFERS:
-            return  # judged already
-        rates.append(t.nbytes / seconds / 1e9)
-        if len(rates) <= JUDGED_TRANSFERS:
-            return
-        gbps = max(rates[1:])
-        if gbps < MIN_VRAM_GBPS:
+        gbps = self._path_judge.host_path_rate(t.peer.agent, t.nbytes, t.spans, seconds)
+        if gbps is not None:
             self._path_warning = (f"VRAM->VRAM ran at {gbps:.2f} GB/s at best: the bytes went through the host, "
                                   f"not NVLink/PCIe P2P; {self._slow_path_hint()}")
             log.warning("%s: %s", self.name, self._path_warning)
