@@ -172,16 +172,16 @@ def latency(args) -> list[dict[str, Any]]:
 
 
 def index_speeds(args) -> list[dict[str, Any]]:
-    """The index with the compiled block hasher and, as its peer in the same run, with Python's."""
+    """The compiled index and, as its peer in the same run, the pure-Python one."""
     from pdsdk.router import kvindex
 
-    compiled = kvindex._compiled_chain
+    compiled = kvindex._compiled
     out = [index_speed(args)] if compiled is not None else []
-    kvindex._compiled_chain = None
+    kvindex._compiled = None
     try:
-        out.append(index_speed(args, case="kv_index_python_keys"))
+        out.append(index_speed(args, case="kv_index_python"))
     finally:
-        kvindex._compiled_chain = compiled
+        kvindex._compiled = compiled
     return out
 
 

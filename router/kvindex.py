@@ -7,31 +7,30 @@ lookup over the prompt's token ids serves vLLM and SGLang alike.
 
 A block's key mixes its parent's key with its token ids, from a root key per LoRA adapter (an
 event's extra keys are hashed into the chain first): it depends on every token of the prefix and
-on their order, and a child's key follows from its parent's key alone. The compiled hasher
-(router/_kvhash.c) reads an event's token ids straight from its msgpack bytes: no Python int per
-token, which held the index at 0.5-0.8M block events/s; with it, 1.1M+ on 2 shared cores. Without a
-C compiler at install time, keys are tuple hashes in Python (about half the speed). Keys never
-leave the process, so the two kinds never meet.
+on their order, and a child's key follows from its parent's key alone.
 
-A "source" is one event stream (one engine, one DP rank). Per source the index keeps
-{engine hash: content key} and the set of content keys held; updates are dict.update /
-set.update over whole events. Blocks whose parent the index never saw (events lost before a
-resync) cannot be keyed and are counted as orphans: the index may miss blocks, but it never
-claims a block an engine does not have.
+A "source" is one event stream (one engine, one DP rank). Per source the index keeps its
+`Blocks`: {engine hash: content key} and how many blocks hold each content key. The compiled
+Blocks (router/_kvindex.c) keys an event's blocks straight from its msgpack token ids into
+tables of 64-bit words: no Python object per token or per block. Without a C compiler at install
+time, kvindex_py.py does the same with dicts and tuple hashes, at a fraction of the speed. Keys
+never leave the process, so the two kinds never meet. Blocks whose parent the index never saw
+(events lost before a resync) cannot be keyed and are counted as orphans: the index may miss
+blocks, but it never claims a block an engine does not have.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from itertools import islice, repeat, takewhile
 
-from pdsdk.router.kvwire import CLEARED, REMOVED, STORED, WireError, as_ints
+from pdsdk.router import kvindex_py
+from pdsdk.router.kvwire import CLEARED, REMOVED, STORED, WireError
 
 try:
-    from pdsdk.router._kvhash import chain as _compiled_chain
+    from pdsdk.router import _kvindex as _compiled
 except ImportError:  # installed without a C compiler
-    _compiled_chain = None
+    _compiled = None
 
 ROOT = 0
 
@@ -40,39 +39,28 @@ def _root(lora_id) -> int:
     return ROOT if lora_id is None else hash(("lora", lora_id))
 
 
-def _python_chain(key: int, tokens, block_size: int, n: int) -> list[int] | None:
-    toks = as_ints(tokens)
-    if len(toks) < block_size * n:
-        return None
-    it = iter(toks)
-    out: list[int] = []
-    add = out.append
-    for block in islice(zip(*([it] * block_size)), n):
-        key = hash((key, block))
-        add(key)
-    return out
+def implementation():
+    """The compiled index (router/_kvindex.c), or its Python twin (kvindex_py.py) when pdsdk was
+    installed without a C compiler: modules with the same `chain` and `Blocks`."""
+    return _compiled if _compiled is not None else kvindex_py
 
 
-def chain(key: int, tokens, block_size: int, n: int, extra=None) -> list[int] | None:
+def chain(key: int, tokens, block_size: int, n: int, impl=None) -> list[int] | None:
     """Keys of the n full blocks of `tokens` (a list of ints, or an event's msgpack token ids)
-    that follow the block keyed `key`; None when there are fewer than block_size * n tokens.
-    Extra keys (a multimodal input's hash, ...) enter the chain once, before the first block:
-    every key from there on differs from a plain prompt's."""
-    if extra is not None:
-        key = hash((key, extra))
-    if _compiled_chain is not None:
-        try:
-            return _compiled_chain(key, tokens, block_size, n)
-        except (TypeError, ValueError, OverflowError) as e:  # token ids that are not ints
-            raise WireError(f"token_ids: {e}") from None
-    return _python_chain(key, tokens, block_size, n)
+    that follow the block keyed `key`; None when there are fewer than block_size * n tokens."""
+    try:
+        return (impl or implementation()).chain(key, tokens, block_size, n)
+    except WireError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:  # token ids that are not ints
+        raise WireError(f"token_ids: {e}") from None
 
 
-def prompt_keys(token_ids: list[int], block_size: int, lora_id=None) -> list[int]:
+def prompt_keys(token_ids: list[int], block_size: int, lora_id=None, impl=None) -> list[int]:
     """Chained content keys of the prompt's full blocks (engines only hash full blocks); none for
     a prompt whose ids are not ints (no engine can hold it)."""
     try:
-        return chain(_root(lora_id), token_ids, block_size, len(token_ids) // block_size) or []
+        return chain(_root(lora_id), token_ids, block_size, len(token_ids) // block_size, impl) or []
     except WireError:
         return []
 
@@ -80,9 +68,9 @@ def prompt_keys(token_ids: list[int], block_size: int, lora_id=None) -> list[int
 class KVIndex:
     def __init__(self, mediums: Iterable[str | None] = (None, "GPU")):
         self.mediums = frozenset(mediums)
+        self._impl = implementation()
         self._lock = threading.Lock()
-        self._blocks: dict[str, dict] = {}  # source -> {engine hash: content key}
-        self._keys: dict[str, set[int]] = {}  # source -> content keys it holds
+        self._blocks: dict[str, kvindex_py.Blocks] = {}  # source -> its blocks (or the compiled kind)
         self.block_size: dict[str, int] = {}
         self.counts = dict.fromkeys(("stored", "removed", "cleared", "orphans", "ignored"), 0)
 
@@ -95,9 +83,7 @@ class KVIndex:
         with self._lock:
             blocks = self._blocks.get(source)
             if blocks is None:
-                blocks = self._blocks[source] = {}
-                self._keys[source] = set()
-            keys = self._keys[source]
+                blocks = self._blocks[source] = self._impl.Blocks()
             for ev in events:
                 kind = ev.kind
                 if kind == STORED:
@@ -110,31 +96,29 @@ class KVIndex:
                     if parent is None:
                         base = ROOT if ev.lora_id is None else _root(ev.lora_id)
                     else:
-                        base = blocks.get(parent)
+                        base = blocks.key(parent)
                         if base is None:
                             orphans += m
                             continue
                     extra = ev.extra_keys
+                    if extra:
+                        base = hash((base, repr(extra)))
                     try:
-                        new = chain(base, ev.token_ids, bs, m, repr(extra) if extra else None)
-                    except WireError:
-                        new = None
-                    if new is None:  # fewer token ids than blocks, or ids that are not ints
+                        ok = blocks.store(base, hashes, ev.token_ids, bs)
+                    except (TypeError, ValueError, OverflowError):  # ids or hashes of the wrong kind
+                        ok = False
+                    if not ok:  # also: fewer token ids than blocks
                         ignored += m
                         continue
-                    blocks.update(zip(hashes, new))
-                    keys.update(new)
                     stored += m
                     self.block_size[source] = bs
                 elif kind == REMOVED:
                     if ev.medium not in mediums or ev.group_idx not in (None, 0):
                         continue
-                    hashes = ev.block_hashes
-                    keys.difference_update(map(blocks.pop, hashes, repeat(None)))  # unknown hashes pop None
-                    removed += len(hashes)
+                    blocks.remove(ev.block_hashes)
+                    removed += len(ev.block_hashes)
                 elif kind == CLEARED:
                     blocks.clear()
-                    keys.clear()
                     cleared += 1
             c = self.counts
             c["stored"] += stored
@@ -149,14 +133,12 @@ class KVIndex:
         with self._lock:
             if source in self._blocks:
                 self._blocks[source].clear()
-                self._keys[source].clear()
             else:
-                self._blocks[source], self._keys[source] = {}, set()
+                self._blocks[source] = self._impl.Blocks()
 
     def drop(self, source: str) -> None:
         with self._lock:
             self._blocks.pop(source, None)
-            self._keys.pop(source, None)
             self.block_size.pop(source, None)
 
     def lookup(self, token_ids: list[int], sources: Iterable[str] | None = None) -> dict[str, int]:
@@ -169,11 +151,13 @@ class KVIndex:
                 if wanted is None or src in wanted:
                     by_size.setdefault(bs, []).append(src)
             for bs, srcs in by_size.items():
-                pk = prompt_keys(token_ids, bs)
+                pk = prompt_keys(token_ids, bs, impl=self._impl)
+                if not pk:
+                    continue
                 for src in srcs:
-                    held = self._keys.get(src)
-                    if held and pk and pk[0] in held:
-                        n = len(list(takewhile(held.__contains__, pk)))
+                    blocks = self._blocks.get(src)
+                    n = blocks.held(pk) if blocks is not None else 0
+                    if n:
                         out[src] = n * bs
         return out
 

@@ -237,15 +237,13 @@ def test_keys_do_not_depend_on_how_blocks_were_batched():
     toks = list(range(1000, 1000 + 10 * BS))
     h = blocks(toks)
     splits = {"one": [(0, 10)], "singles": [(i, i + 1) for i in range(10)], "uneven": [(0, 3), (3, 4), (4, 10)]}
-    seen = []
     for name, parts in splits.items():
         idx = KVIndex()
         for a, b in parts:
             _apply(idx, "s", "vllm", fe.stored("vllm", h[a:b], h[a - 1] if a else None, toks[a * BS:b * BS], BS))
         assert idx.lookup(toks) == {"s": 10 * BS}, name
-        seen.append(dict(idx._blocks["s"]))
-        assert set(idx._blocks["s"].values()) == set(prompt_keys(toks, BS))
-    assert seen[0] == seen[1] == seen[2]
+        held = idx._blocks["s"]
+        assert len(held) == 10 and [held.key(x) for x in h] == prompt_keys(toks, BS), name
     keys = prompt_keys(toks, BS)
     assert len(set(keys)) == 10 and prompt_keys(toks[BS:], BS)[0] not in keys  # position matters
     assert prompt_keys(toks[:BS] * 2, BS)[1] != prompt_keys(toks[:BS], BS)[0]  # same block, deeper: new key
@@ -310,7 +308,7 @@ def test_batches_the_typed_decoders_refuse_still_decode():
     assert events[0].block_hashes == [] and KVIndex().apply("s", events) == 0
 
 
-# --- block keys: compiled (router/_kvhash.c) and in Python -----------------------------------
+# --- block keys and blocks: compiled (router/_kvindex.c) and in Python ------------------------
 
 # every msgpack integer width, both signs, and token ids as they come
 EDGE_IDS = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, -1, -32, -33, -128, -129,
@@ -322,9 +320,9 @@ def keys_by(request, monkeypatch):
     from pdsdk.router import kvindex
 
     if request.param == "python":
-        monkeypatch.setattr(kvindex, "_compiled_chain", None)
-    elif kvindex._compiled_chain is None:
-        pytest.skip("pdsdk was installed without its compiled hasher (no C compiler)")
+        monkeypatch.setattr(kvindex, "_compiled", None)
+    elif kvindex._compiled is None:
+        pytest.skip("pdsdk was installed without its compiled index (no C compiler)")
     return kvindex.chain
 
 
@@ -358,3 +356,84 @@ def test_token_ids_that_are_not_ints_are_never_indexed(keys_by):
 def test_index_works_with_either_hasher(keys_by):
     test_index_store_lookup_remove_clear()
     test_keys_do_not_depend_on_how_blocks_were_batched()
+
+
+def _both_indexes(monkeypatch):
+    from pdsdk.router import kvindex
+
+    if kvindex._compiled is None:
+        pytest.skip("pdsdk was installed without its compiled index (no C compiler)")
+    compiled = KVIndex()
+    monkeypatch.setattr(kvindex, "_compiled", None)
+    return compiled, KVIndex()
+
+
+def test_a_block_held_twice_stays_until_both_copies_go(keys_by):
+    """Same content under two engine hashes (vLLM's cache_salt changes the hash, not the tokens)
+    and the same event applied twice (a replay): the index counts copies, not events."""
+    toks = list(range(8))
+    h1, h2 = blocks(toks, salt=1), blocks(toks, salt=2)
+    idx = KVIndex()
+    for h in (h1, h2, h1):  # h1 again: a replay
+        _apply(idx, "s", "vllm", fe.stored("vllm", h, None, toks, BS))
+    assert idx.sources() == {"s": 4} and idx.lookup(toks) == {"s": 8}
+    _apply(idx, "s", "vllm", fe.removed("vllm", h1))
+    assert idx.lookup(toks) == {"s": 8}  # h2's copies still hold the content
+    _apply(idx, "s", "vllm", fe.removed("vllm", h2[1:]))
+    assert idx.lookup(toks) == {"s": 4}
+    _apply(idx, "s", "vllm", fe.removed("vllm", h2[:1] + h1))  # h1 is gone already: harmless
+    assert idx.lookup(toks) == {} and idx.sources() == {"s": 0}
+
+
+def test_engine_hashes_of_every_kind(keys_by):
+    """Hash 0, negative (SGLang's signed 64-bit), the largest unsigned 64-bit and bytes (vLLM with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) are kept apart and found again."""
+    toks = list(range(5 * BS))
+    h = [0, -1, 2**64 - 2, b"\x00" * 32, b"\x00" * 31 + b"\x01"]
+    idx = KVIndex()
+    _apply(idx, "s", "sglang", fe.stored("sglang", h[:2], None, toks[:2 * BS], BS))
+    for i in range(2, 5):  # each from its parent
+        _apply(idx, "s", "vllm", fe.stored("vllm", h[i:i + 1], h[i - 1], toks[i * BS:(i + 1) * BS], BS))
+    assert idx.lookup(toks) == {"s": 5 * BS} and idx.counts["orphans"] == 0
+    _apply(idx, "s", "vllm", fe.removed("vllm", [h[3]]))
+    assert idx.lookup(toks) == {"s": 3 * BS} and idx.sources() == {"s": 4}
+    _apply(idx, "s", "vllm", fe.removed("vllm", [h[0]]))
+    assert idx.lookup(toks) == {}
+    bad = [0.0, [{"type": "BlockStored", "block_hashes": [1.5], "parent_block_hash": None, "token_ids": toks[:BS],
+                  "block_size": BS}]]
+    assert idx.apply("s", decode_batch(msgspec.msgpack.encode(bad))[1]) == 0 and idx.counts["ignored"] == 1
+
+
+def test_compiled_and_python_indexes_agree_under_churn(monkeypatch):
+    """The compiled tables (resizes, deletions that move entries back, key 0) against the
+    Python dicts: thousands of random stores, removals and clears, the same answers throughout."""
+    import random
+
+    compiled, python = _both_indexes(monkeypatch)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(200_000) for _ in range(rng.randrange(1, 40) * BS)] for _ in range(300)]
+    hashes = [[0] if i == 0 else blocks(p, salt=i) for i, p in enumerate(prompts)]
+    hashes[0] = [0] + blocks(prompts[0], salt=0)[1:]
+    most = 0
+    for step in range(6000):
+        i = rng.randrange(len(prompts))
+        src = f"s{rng.randrange(3)}"
+        toks, h = prompts[i], hashes[i]
+        r = rng.random()
+        if r < 0.7:  # a stretch of blocks from a known parent (or the root)
+            a = 0 if rng.random() < 0.4 else rng.randrange(len(h))
+            b = rng.randrange(a, len(h)) + 1
+            ev = [fe.stored("vllm", h[a:b], h[a - 1] if a else None, toks[a * BS:b * BS], BS)]
+        elif r < 0.999:
+            ev = [fe.removed("vllm", rng.sample(h, min(len(h), rng.randrange(1, 5))))]
+        else:
+            ev = [fe.cleared("vllm")]
+        payload = fe.encode_batch("vllm", ev)
+        assert compiled.apply(src, decode_batch(payload)[1]) == python.apply(src, decode_batch(payload)[1])
+        if step % 50 == 0:
+            assert compiled.sources() == python.sources(), step
+            most = max(most, *compiled.sources().values())
+            for p in rng.sample(prompts, 10):
+                assert compiled.lookup(p) == python.lookup(p), step
+    assert compiled.counts == python.counts and compiled.counts["removed"] > 1000
+    assert most > 500 and compiled.counts["cleared"] > 2  # the tables grew several times
