@@ -100,6 +100,19 @@ static inline int read_int(const unsigned char **p, const unsigned char *end, ui
 
 /* ---- keys ------------------------------------------------------------------------------- */
 
+/* Scratch for n words: `local` (the caller's stack) when they fit, else the heap. */
+#define LOCAL_WORDS 512
+static uint64_t *scratch(uint64_t *local, Py_ssize_t n) {
+    if (n <= LOCAL_WORDS) return local;
+    uint64_t *w = malloc(sizeof(uint64_t) * (size_t)n);
+    if (w == NULL) PyErr_NoMemory();
+    return w;
+}
+
+static void scratch_free(uint64_t *w, const uint64_t *local) {
+    if (w != local) free(w);
+}
+
 /* The first `need` token ids of `tokens` into buf: 1, or 0 when there are fewer, or -1 with an
    exception set. */
 static int read_tokens(PyObject *tokens, Py_ssize_t need, uint64_t *buf) {
@@ -154,11 +167,11 @@ static inline uint64_t block_key(uint64_t seed, const uint64_t *t, Py_ssize_t bs
 /* The keys of the first n blocks of `tokens` after `key` into out[n]: 1, or 0 when there are
    fewer than bs * n token ids, or -1 with an exception set. */
 static int keys_into(uint64_t key, PyObject *tokens, Py_ssize_t bs, Py_ssize_t n, uint64_t *out) {
-    uint64_t *buf = malloc(sizeof(uint64_t) * (size_t)(bs * n + 1));
-    if (buf == NULL) { PyErr_NoMemory(); return -1; }
+    uint64_t local[LOCAL_WORDS], *buf = scratch(local, bs * n);
+    if (buf == NULL) return -1;
     int ok = read_tokens(tokens, bs * n, buf);
     for (Py_ssize_t b = 0; ok == 1 && b < n; b++) out[b] = key = block_key(key, buf + b * bs, bs);
-    free(buf);
+    scratch_free(buf, local);
     return ok;
 }
 
@@ -168,19 +181,13 @@ static int check_sizes(Py_ssize_t bs, Py_ssize_t n) {
     return -1;
 }
 
-static uint64_t *words(Py_ssize_t n) {  /* scratch for n keys; free() it */
-    uint64_t *w = malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
-    if (w == NULL) PyErr_NoMemory();
-    return w;
-}
-
 static PyObject *chain(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *key_obj, *tokens;
     Py_ssize_t bs, n;
     if (!PyArg_ParseTuple(args, "OOnn", &key_obj, &tokens, &bs, &n) || check_sizes(bs, n) < 0) return NULL;
     uint64_t key = PyLong_AsUnsignedLongLongMask(key_obj);
     if (key == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    uint64_t *keys = words(n);
+    uint64_t local[LOCAL_WORDS], *keys = scratch(local, n);
     if (keys == NULL) return NULL;
     PyObject *out = NULL;
     int ok = keys_into(key, tokens, bs, n, keys);
@@ -193,7 +200,7 @@ static PyObject *chain(PyObject *Py_UNUSED(self), PyObject *args) {
             PyList_SET_ITEM(out, b, k);
         }
     }
-    free(keys);
+    scratch_free(keys, local);
     return out;
 }
 
@@ -338,15 +345,17 @@ static void unhold(Blocks *b, uint64_t k) {
     if (count != NULL && --*count == 0) table_pop(&b->held, k, &gone);
 }
 
-static PyObject *Blocks_store(Blocks *self, PyObject *args) {
-    PyObject *base_obj, *hashes, *tokens;
-    Py_ssize_t bs;
-    if (!PyArg_ParseTuple(args, "OO!On", &base_obj, &PyList_Type, &hashes, &tokens, &bs)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(hashes);
-    if (check_sizes(bs, n) < 0) return NULL;
-    uint64_t base = PyLong_AsUnsignedLongLongMask(base_obj);
+static PyObject *Blocks_store(Blocks *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[1])) {  /* called once per event: no argument parser */
+        PyErr_SetString(PyExc_TypeError, "store(base, hashes: list, tokens, block_size)");
+        return NULL;
+    }
+    PyObject *hashes = args[1], *tokens = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(hashes), bs = PyLong_AsSsize_t(args[3]);
+    if ((bs == -1 && PyErr_Occurred()) || check_sizes(bs, n) < 0) return NULL;
+    uint64_t base = PyLong_AsUnsignedLongLongMask(args[0]);
     if (base == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    uint64_t *w = words(2 * n);  /* hashes, then keys */
+    uint64_t local[LOCAL_WORDS], *w = scratch(local, 2 * n);  /* hashes, then keys */
     if (w == NULL) return NULL;
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -380,7 +389,7 @@ static PyObject *Blocks_store(Blocks *self, PyObject *args) {
     }
     result = Py_NewRef(Py_True);
 done:
-    free(w);
+    scratch_free(w, local);
     return result;
 }
 
@@ -446,7 +455,7 @@ static PyObject *Blocks_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 }
 
 static PyMethodDef Blocks_methods[] = {
-    {"store", (PyCFunction)Blocks_store, METH_VARARGS,
+    {"store", (PyCFunction)(void (*)(void))Blocks_store, METH_FASTCALL,
      "store(base, hashes, tokens, block_size) -> bool: key the blocks `hashes` (a list) from their token ids "
      "after the block keyed `base` and hold them; False (nothing stored) when there are fewer token ids than "
      "blocks. TypeError for a hash that is neither int nor bytes, ValueError for token ids that are not ints."},

@@ -12,9 +12,10 @@ at the same percentile and concurrency).
 - paced (--paced-streams): the worker streams --paced-tokens tokens --paced-itl-ms apart, like
   an engine under load, and the streams start spread over one answer's time, as in a steady
   state; the router is not saturated and what it adds is its own delay.
-Index: BlockStored batches in vLLM's wire format decoded and applied (block events/s = block
-hashes ingested per second; best of 3 passes, wall clock and CPU time of the ingesting thread),
-then prefix lookups of long prompts against the filled index (lookups/s).
+Index: batches of 16 blocks in vLLM's wire format, as one BlockStored (a prefill) or as 16 of one
+block each (decode steps), decoded and applied (block events/s = block hashes ingested per second;
+best of 3 passes, wall clock and CPU time of the ingesting thread), then prefix lookups of long
+prompts against the filled index (lookups/s).
 """
 
 from __future__ import annotations
@@ -172,11 +173,12 @@ def latency(args) -> list[dict[str, Any]]:
 
 
 def index_speeds(args) -> list[dict[str, Any]]:
-    """The compiled index and, as its peer in the same run, the pure-Python one."""
+    """The compiled index (16 blocks per event, as a prefill stores them; and 1 per event, as
+    decode steps do) and, as its peer in the same run, the pure-Python one."""
     from pdsdk.router import kvindex
 
     compiled = kvindex._compiled
-    out = [index_speed(args)] if compiled is not None else []
+    out = [index_speed(args), index_speed(args, "kv_index_1_block_events", 1)] if compiled is not None else []
     kvindex._compiled = None
     try:
         out.append(index_speed(args, case="kv_index_python"))
@@ -185,7 +187,7 @@ def index_speeds(args) -> list[dict[str, Any]]:
     return out
 
 
-def index_speed(args, case: str = "kv_index") -> dict[str, Any]:
+def index_speed(args, case: str = "kv_index", blocks_per_event: int = 16) -> dict[str, Any]:
     from pdsdk.router import fake_events as fe
     from pdsdk.router.kvindex import KVIndex
     from pdsdk.router.kvwire import decode_batch
@@ -199,9 +201,10 @@ def index_speed(args, case: str = "kv_index") -> dict[str, Any]:
         toks = list(range(seq_id * 100_000, seq_id * 100_000 + prompt_blocks * bs))
         hashes = fe.chain(toks, bs, salt=seq_id)
         for i in range(0, prompt_blocks, per_batch):
-            parent = hashes[i - 1] if i else None
-            ev = fe.stored("vllm", hashes[i:i + per_batch], parent, toks[i * bs:(i + per_batch) * bs], bs)
-            payloads.append((f"src{seq_id % sources}", fe.encode_batch("vllm", [ev])))
+            events = [fe.stored("vllm", hashes[j:j + blocks_per_event], hashes[j - 1] if j else None,
+                                toks[j * bs:(j + blocks_per_event) * bs], bs)
+                      for j in range(i, i + per_batch, blocks_per_event)]
+            payloads.append((f"src{seq_id % sources}", fe.encode_batch("vllm", events)))
             n += per_batch
         seq_id += 1
     wall, cpu = [], []
@@ -222,6 +225,7 @@ def index_speed(args, case: str = "kv_index") -> dict[str, Any]:
     if hits != lookups:
         raise AssertionError(f"only {hits} of {lookups} indexed prompts were found")
     return {"case": case, "mode": "", "streams": 0, "blocks": n, "block_size": bs,
+            "blocks_per_event": blocks_per_event,
             "events_per_s": round(n / min(wall)), "events_per_cpu_s": round(n / min(cpu)),
             "lookups_per_s": round(lookups / look), "lookup_prompt_tokens": prompt_blocks * bs}
 

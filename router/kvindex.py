@@ -79,6 +79,7 @@ class KVIndex:
         The per-event work is inlined here: at one block per event (vLLM decode steps) the
         per-event overhead is a large part of the cost."""
         stored = removed = ignored = orphans = cleared = 0
+        bs_seen = None
         mediums = self.mediums
         with self._lock:
             blocks = self._blocks.get(source)
@@ -111,7 +112,7 @@ class KVIndex:
                         ignored += m
                         continue
                     stored += m
-                    self.block_size[source] = bs
+                    bs_seen = bs
                 elif kind == REMOVED:
                     if ev.medium not in mediums or ev.group_idx not in (None, 0):
                         continue
@@ -120,6 +121,8 @@ class KVIndex:
                 elif kind == CLEARED:
                     blocks.clear()
                     cleared += 1
+            if bs_seen:
+                self.block_size[source] = bs_seen
             c = self.counts
             c["stored"] += stored
             c["removed"] += removed
