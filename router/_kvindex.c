@@ -167,6 +167,7 @@ static inline uint64_t block_key(uint64_t seed, const uint64_t *t, Py_ssize_t bs
 /* The keys of the first n blocks of `tokens` after `key` into out[n]: 1, or 0 when there are
    fewer than bs * n token ids, or -1 with an exception set. */
 static int keys_into(uint64_t key, PyObject *tokens, Py_ssize_t bs, Py_ssize_t n, uint64_t *out) {
+    if (n && bs > PY_SSIZE_T_MAX / 8 / n) return 0;  /* more ids than any buffer holds */
     uint64_t local[LOCAL_WORDS], *buf = scratch(local, bs * n);
     if (buf == NULL) return -1;
     int ok = read_tokens(tokens, bs * n, buf);

@@ -12,6 +12,8 @@ from pdsdk.router.kvwire import as_ints
 
 def chain(key: int, tokens, block_size: int, n: int) -> list[int] | None:
     """Keys of the first n blocks of `tokens` after `key`, as tuple hashes; None when too few."""
+    if block_size < 1 or n < 0:
+        raise ValueError("block_size must be >= 1 and n >= 0")
     toks = as_ints(tokens)
     if len(toks) < block_size * n:
         return None

@@ -437,3 +437,13 @@ def test_compiled_and_python_indexes_agree_under_churn(monkeypatch):
                 assert compiled.lookup(p) == python.lookup(p), step
     assert compiled.counts == python.counts and compiled.counts["removed"] > 1000
     assert most > 500 and compiled.counts["cleared"] > 2  # the tables grew several times
+
+
+def test_absurd_block_sizes_are_refused_not_overflowed(keys_by):
+    assert keys_by(0, list(range(8)), 2**62, 4) is None
+    with pytest.raises(WireError):
+        keys_by(0, list(range(8)), 0, 1)
+    idx = KVIndex()
+    huge = [0.0, [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+                   "token_ids": list(range(8)), "block_size": 2**62}]]
+    assert idx.apply("s", decode_batch(msgspec.msgpack.encode(huge))[1]) == 0 and idx.counts["ignored"] == 2
