@@ -5,9 +5,11 @@ BlockStored carries. The engines' hashes are used only to follow parents and to 
 So the index never needs the engine's hash function or its seed (PYTHONHASHSEED), and one
 lookup over the prompt's token ids serves vLLM and SGLang alike.
 
-A block's key mixes its parent's key with its token ids, from a root key per LoRA adapter (an
-event's extra keys are hashed into the chain first): it depends on every token of the prefix and
-on their order, and a child's key follows from its parent's key alone.
+A block's key mixes its parent's key with its token ids, from a root key per LoRA adapter: it
+depends on every token of the prefix and on their order, and a child's key follows from its
+parent's key alone. A cache salt (SGLang's field) or a block's extra keys (vLLM's, per block:
+multimodal hashes, its cache salt) seed the chain from there on, so a plain prompt never
+matches those blocks: the router does not know a request's salt or images when it looks up.
 
 A "source" is one event stream (one engine, one DP rank). Per source the index keeps its
 `Blocks`: {engine hash: content key} and how many blocks hold each content key. The compiled
@@ -25,7 +27,7 @@ import threading
 from collections.abc import Iterable
 
 from pdsdk.router import kvindex_py
-from pdsdk.router.kvwire import CLEARED, REMOVED, STORED, WireError
+from pdsdk.router.kvwire import CLEARED, REMOVED, STORED, WireError, as_ints
 
 try:
     from pdsdk.router import _kvindex as _compiled
@@ -65,6 +67,24 @@ def prompt_keys(token_ids: list[int], block_size: int, lora_id=None, impl=None) 
         return []
 
 
+def _store_with_extras(blocks, base: int, hashes: list, tokens, bs: int, extra) -> bool:
+    """Blocks before the first with extra keys (a multimodal input's hash, vLLM's cache salt) are
+    keyed as plain tokens; from that block on, the chain is seeded with the extra keys, so no plain
+    prompt matches those blocks or their children. Rare: the token ids are decoded to slice them."""
+    m = len(hashes)
+    first = next((i for i, x in enumerate(extra) if x is not None), m) if isinstance(extra, list) else 0
+    first = min(first, m)
+    toks = as_ints(tokens)
+    if len(toks) < bs * m:
+        return False
+    if first:
+        if not blocks.store(base, hashes[:first], toks[:first * bs], bs):
+            return False
+        base = blocks.key(hashes[first - 1])
+    rest = extra[first:] if isinstance(extra, list) else extra
+    return blocks.store(hash((base, repr(rest))), hashes[first:], toks[first * bs:m * bs], bs)
+
+
 class KVIndex:
     def __init__(self, mediums: Iterable[str | None] = (None, "GPU")):
         self.mediums = frozenset(mediums)
@@ -95,17 +115,21 @@ class KVIndex:
                         continue
                     parent = ev.parent
                     if parent is None:
-                        base = ROOT if ev.lora_id is None else _root(ev.lora_id)
+                        lora = ev.lora_id if ev.lora_id is not None else ev.lora_name
+                        base = ROOT if lora is None else _root(lora)
                     else:
                         base = blocks.key(parent)
                         if base is None:
                             orphans += m
                             continue
-                    extra = ev.extra_keys
-                    if extra:
-                        base = hash((base, repr(extra)))
+                    if ev.cache_salt is not None:
+                        base = hash((base, "cache_salt", ev.cache_salt))
+                    extra = ev.extra_keys  # vLLM sends [None] * m for plain blocks
                     try:
-                        ok = blocks.store(base, hashes, ev.token_ids, bs)
+                        if extra and (type(extra) is not list or extra.count(None) != len(extra)):
+                            ok = _store_with_extras(blocks, base, hashes, ev.token_ids, bs, extra)
+                        else:
+                            ok = blocks.store(base, hashes, ev.token_ids, bs)
                     except (TypeError, ValueError, OverflowError):  # ids or hashes of the wrong kind
                         ok = False
                     if not ok:  # also: fewer token ids than blocks

@@ -170,6 +170,8 @@ class EventStream(threading.Thread):
                     self.index.clear(self.source)
                     self.state = "lossy"
                 self._apply(s, p)
+        if self.state == "starting":  # the publisher had nothing yet: the index holds all it has
+            self.state = "exact"
 
     def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """Batches with seq >= start from the replay endpoint; None when it does not answer."""

@@ -42,12 +42,16 @@ class Stored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
     medium: str | None = None
     extra_keys: ClassVar[Any] = None
     group_idx: ClassVar[Any] = None
+    lora_name: ClassVar[Any] = None
+    cache_salt: ClassVar[Any] = None
     kind: ClassVar[int] = STORED
 
 
 class StoredMap(Stored, array_like=False):
-    extra_keys: Any = None
+    extra_keys: Any = None  # vLLM: per block, None or that block's extra keys (multimodal hashes, cache salt)
     group_idx: int | None = None
+    lora_name: str | None = None
+    cache_salt: str | None = None  # SGLang: the request's salt, for every page it stores
 
 
 class Removed(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
@@ -149,7 +153,7 @@ def _event(e) -> Stored | Removed | Cleared | None:
         if kind == "BlockStored":
             return StoredMap(e.get("block_hashes") or [], e.get("parent_block_hash"), e.get("token_ids") or [],
                              e.get("block_size") or 0, e.get("lora_id"), e.get("medium"), e.get("extra_keys"),
-                             e.get("group_idx"))
+                             e.get("group_idx"), e.get("lora_name"), e.get("cache_salt"))
         if kind == "BlockRemoved":
             return RemovedMap(e.get("block_hashes") or [], e.get("medium"), e.get("group_idx"))
         if kind == "AllBlocksCleared":

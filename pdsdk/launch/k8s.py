@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from pdsdk.errors import ConfigError
 from pdsdk.launch.plan import LaunchOptions, LaunchPlan
 
 WORKER_PORT = 8000
@@ -21,6 +22,10 @@ LABEL = "app.kubernetes.io/part-of"
 
 
 def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: str) -> list[dict[str, Any]]:
+    if plan.ipc_dir:
+        raise ConfigError("--policy", "kv_events reads each worker's own event stream, and these manifests put "
+                                      "a role's replicas behind one Service; use prefix (or least_load) here, or "
+                                      "register workers with their kv_events endpoints through the admin API")
     name = "pdsdk"
     out: list[dict[str, Any]] = [{
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-config", "labels": {LABEL: name}},

@@ -6,9 +6,12 @@ module only assigns ports, GPUs or CPU cores, and the router in front.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,9 @@ ENGINES = ("vllm", "sglang")
 # its workers take together when several share it (the rest: CUDA contexts, activations, NCCL).
 GPU_MEMORY_FLAG = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}
 SHARED_GPU_MEMORY = 0.85
+# --kv-events-config for the kv_events policy: each worker publishes its KV events on local sockets
+# (ipc:// endpoints are bound by both engines' publishers, and reach no other machine).
+KV_EVENTS_CONFIG = {"vllm": {"enable_kv_cache_events": True, "publisher": "zmq"}, "sglang": {"publisher": "zmq"}}
 
 
 @dataclass
@@ -30,6 +36,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)  # on top of the launcher's environment
     port: int = 0
     health_path: str = "/health"
+    kv_events: tuple[str, str] | None = None  # (events, replay) endpoints the worker publishes on
 
     @property
     def url(self) -> str:
@@ -48,6 +55,7 @@ class LaunchPlan:
     # Workers that may start together. Workers sharing a GPU start one after another: each sizes its
     # KV pool from the memory it sees free, which a neighbour's start would change under it.
     waves: list[list[ProcessSpec]] = field(default_factory=list)
+    ipc_dir: str | None = None  # for the workers' KV event sockets: made at start (0700), removed at stop
 
     @property
     def processes(self) -> list[ProcessSpec]:
@@ -113,17 +121,30 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     else:
         slots = placements(len(roles), opts.tp, opts.gpus)
     sharing, turns = gpu_sharing(slots)
+    ipc_dir = _kv_events_dir(opts)
     counters: dict[str, int] = {}
     workers = []
     for role, placement, tp, share in zip(roles, slots, tps, sharing):
         index = counters[role] = counters.get(role, -1) + 1
-        port = free_port()
-        cmd, env = _worker_command(opts, role, port, served, config, tp, share)
+        name, port = f"{role}-{index}", free_port()
+        events = (f"ipc://{ipc_dir}/{name}.events", f"ipc://{ipc_dir}/{name}.replay") if ipc_dir else None
+        cmd, env = _worker_command(opts, role, port, served, config, tp, share, events)
         env.update(placement)
-        workers.append(ProcessSpec(f"{role}-{index}", role, cmd, env, port))
+        workers.append(ProcessSpec(name, role, cmd, env, port, kv_events=events))
     router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
     waves = [[w for w, t in zip(workers, turns) if t == turn] for turn in sorted(set(turns))]
-    return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves)
+    return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves, ipc_dir)
+
+
+def _kv_events_dir(opts: LaunchOptions) -> str | None:
+    """Where the workers' KV event sockets go, when the router's policy reads them (kv_events)."""
+    if opts.policy != "kv_events":
+        return None
+    if any(a == "--kv-events-config" or a.startswith("--kv-events-config=") for a in opts.engine_args):
+        raise ConfigError("--kv-events-config", "--policy kv_events sets it for every worker (local sockets "
+                                                "the router reads); drop it from the engine arguments")
+    # short: a socket path must fit in 107 bytes
+    return os.path.join(tempfile.gettempdir(), f"pdsdk-kv-{secrets.token_hex(4)}")
 
 
 def gpu_sharing(slots: list[dict[str, str]]) -> tuple[list[int], list[int]]:
@@ -163,9 +184,13 @@ def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
 
 
 def _worker_command(opts: LaunchOptions, role: str, port: int, served: str, config: dict[str, Any],
-                    tp: int | None = None, share: int = 1) -> tuple[list[str], dict[str, str]]:
+                    tp: int | None = None, share: int = 1,
+                    kv_events: tuple[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     tp = tp or opts.tp
     args = list(opts.engine_args)
+    if kv_events:
+        args += ["--kv-events-config", json.dumps({**KV_EVENTS_CONFIG[opts.engine], "endpoint": kv_events[0],
+                                                   "replay_endpoint": kv_events[1]})]
     flag = GPU_MEMORY_FLAG[opts.engine]
     if share > 1 and not any(a == flag or a.startswith(flag + "=") for a in args):  # the user's share wins
         args += [flag, f"{int(SHARED_GPU_MEMORY / share * 100) / 100:.2f}"]
@@ -194,6 +219,8 @@ def _router_command(opts: LaunchOptions, workers: list[ProcessSpec]) -> list[str
     for w in workers:
         flag = {"prefill": "--prefill", "decode": "--decode", "worker": "--worker"}[w.role]
         cmd += [flag, w.url, *([w.env["PDSDK_BOOTSTRAP_PORT"]] if "PDSDK_BOOTSTRAP_PORT" in w.env else [])]
+        if w.kv_events:
+            cmd += ["--kv-events", f"{w.url}={w.kv_events[0]}", "--kv-replay", f"{w.url}={w.kv_events[1]}"]
     if opts.local_prefill_threshold:
         cmd += ["--disagg-threshold", str(opts.local_prefill_threshold)]
     return cmd

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -47,6 +48,8 @@ class Supervisor:
         self.tails: dict[str, collections.deque] = {}
         self._threads: list[threading.Thread] = []
         self.stopping = threading.Event()
+        if plan.ipc_dir:  # the workers' KV event sockets: this user's only
+            os.makedirs(plan.ipc_dir, mode=0o700, exist_ok=True)
 
     # --- start ---------------------------------------------------------------------------------
 
@@ -136,6 +139,8 @@ class Supervisor:
                 pass
         for t in self._threads:
             t.join(2)
+        if self.plan.ipc_dir:
+            shutil.rmtree(self.plan.ipc_dir, ignore_errors=True)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

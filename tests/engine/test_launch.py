@@ -3,6 +3,7 @@ official openai client, clean shutdown with no process left; a killed worker sto
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -32,11 +33,11 @@ def processes_using(marker: str) -> list[int]:
     return pids
 
 
-def launch(model: str, transport: str, log_dir: Path) -> tuple[subprocess.Popen, int]:
+def launch(model: str, transport: str, log_dir: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen([pdsdk_cli(), "launch", "--engine", "vllm", "--model", model, "--transport", transport,
                              "--served-model-name", "tiny", "--port", str(port), "--quiet", "--log-dir", str(log_dir),
-                             "--", "--max-model-len", "1024"],
+                             *extra, "--", "--max-model-len", "1024"],
                             stdout=open(log_dir.parent / f"{log_dir.name}-launcher.log", "w"), stderr=subprocess.STDOUT)
     return proc, port
 
@@ -53,10 +54,15 @@ def wait_for(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise TimeoutError("router not healthy")
 
 
+# `local` also runs the kv_events policy: the launcher wires every worker's KV event stream to the router
+POLICIES = {"local": "kv_events"}
+
+
 @pytest.mark.parametrize("transport", ["nixl", "mooncake", "nccl", "local"])
 def test_launch_serves_pd_through_the_router_and_stops_clean(transport, model, baseline, tmp_path):
     openai = pytest.importorskip("openai")
-    proc, port = launch(model, transport, tmp_path / "logs")
+    policy = POLICIES.get(transport, "least_load")
+    proc, port = launch(model, transport, tmp_path / "logs", "--policy", policy)
     try:
         wait_for(port, proc)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
@@ -72,6 +78,11 @@ def test_launch_serves_pd_through_the_router_and_stops_clean(transport, model, b
         time.sleep(1.5)
         stats = list((tmp_path / "logs" / "stats").glob("*.json"))
         assert stats, "the decode worker wrote no transfer stats"
+        if policy == "kv_events":  # both workers' streams caught up, the prefill's blocks indexed
+            seen = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/policies", timeout=5).read())
+            streams = [st for role in seen.values() for st in role["streams"].values()]
+            assert len(streams) == 2 and all(st["state"] == "exact" for st in streams), seen
+            assert seen["prefill"]["index"]["stored"] > 0 and seen["prefill"]["index"]["orphans"] == 0, seen
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)

@@ -151,6 +151,18 @@ def test_stream_replays_history_on_start_and_fills_gaps(stream_env):
         s.join(2)
 
 
+def test_a_stream_whose_replay_is_empty_is_exact_at_once(stream_env):
+    """An engine that has stored nothing yet: after the (empty) replay the index holds all it has."""
+    pub, ep = stream_env()
+    s = EventStream("w", ep[0], KVIndex(), ep[1])
+    s.start()
+    try:
+        assert s.ready.wait(5) and s.state == "exact" and s.last is None
+    finally:
+        s.stop()
+        s.join(2)
+
+
 def test_stream_without_replay_goes_lossy_on_a_gap(stream_env):
     pub, ep = stream_env(replay=False)
     idx = KVIndex()
@@ -259,6 +271,24 @@ def test_extra_keys_and_lora_blocks_are_never_matched_by_base_lookups():
     assert idx.lookup(toks) == {} and idx.counts["stored"] == 5
 
 
+def test_salts_and_extra_keys_as_the_engines_send_them():
+    """vLLM sends extra_keys per block, [None] * n for plain text (what real vLLM 0.32 publishes):
+    those blocks match. From the first block with extra keys (an image, vLLM's cache salt) on,
+    nothing matches a plain prompt, children included; SGLang's cache_salt and a LoRA given by
+    name only (lora_id None) are never matched either."""
+    toks = list(range(4 * BS))
+    h = blocks(toks)
+    idx = KVIndex()
+    _apply(idx, "plain", "vllm", fe.stored("vllm", h, None, toks, BS, extra_keys=[None] * 4))
+    _apply(idx, "image", "vllm", fe.stored("vllm", h[:3], None, toks[:3 * BS], BS, extra_keys=[None, ["img"], None]))
+    _apply(idx, "image", "vllm", fe.stored("vllm", h[3:], h[2], toks[3 * BS:], BS, extra_keys=[None]))  # a child
+    _apply(idx, "salted", "vllm", fe.stored("vllm", h, None, toks, BS, extra_keys=[["salt"], None, None, None]))
+    _apply(idx, "sgl-salt", "sglang", fe.stored("sglang", h, None, toks, BS, cache_salt="s"))
+    _apply(idx, "sgl-lora", "sglang", fe.stored("sglang", h, None, toks, BS, lora_name="adapter"))
+    assert idx.lookup(toks) == {"plain": 4 * BS, "image": BS}
+    assert idx.counts["stored"] == 4 + 3 + 1 + 4 + 4 + 4 and idx.counts["orphans"] == 0
+
+
 def test_removals_and_clears_per_source():
     toks = list(range(12))
     h = blocks(toks)
@@ -286,7 +316,8 @@ def test_typed_decoding_matches_the_generic_decoder(fmt):
     assert fast[0] == slow[0] and fast[2] == slow[2]
     for a, b in zip(fast[1], slow[1], strict=True):
         assert a.kind == b.kind
-        for f in ("block_hashes", "parent", "block_size", "lora_id", "medium", "extra_keys", "group_idx"):
+        for f in ("block_hashes", "parent", "block_size", "lora_id", "medium", "extra_keys", "group_idx", "lora_name",
+                  "cache_salt"):
             assert getattr(a, f, None) == getattr(b, f, None), f
         if a.kind == STORED:
             assert as_ints(a.token_ids) == as_ints(b.token_ids)

@@ -1,6 +1,7 @@
 """`pdsdk launch`: plans, --dry-run, --emit k8s (validated against the Kubernetes API schema)."""
 
 import json
+import os
 import shlex
 
 import pytest
@@ -67,6 +68,39 @@ def test_plain_workers_with_a_store_get_the_connector_for_it_alone():
         assert kv["kv_connector_extra_config"]["store"] == "memory"
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_kv_events_policy_wires_each_worker_event_stream_to_the_router(engine):
+    """--policy kv_events: every worker publishes on its own local sockets (ipc://, bound by the
+    engines' publishers), the router is told each worker's endpoints, and nothing else changes."""
+    plan = build_plan(LaunchOptions(engine=engine, model="/m", prefill=1, decode=2, policy="kv_events"))
+    router = plan.router.cmd
+    assert plan.ipc_dir and len(plan.ipc_dir) < 60 and router[router.index("--policy") + 1] == "kv_events"
+    for w in plan.workers:
+        cfg = json.loads(w.cmd[w.cmd.index("--kv-events-config") + 1])
+        assert cfg["publisher"] == "zmq" and cfg.get("enable_kv_cache_events") is (True if engine == "vllm" else None)
+        assert (cfg["endpoint"], cfg["replay_endpoint"]) == w.kv_events
+        assert all(e.startswith(f"ipc://{plan.ipc_dir}/{w.name}.") for e in w.kv_events)
+        assert f"{w.url}={w.kv_events[0]}" in router and f"{w.url}={w.kv_events[1]}" in router
+    assert router.count("--kv-events") == router.count("--kv-replay") == 3
+    plain = build_plan(LaunchOptions(engine=engine, model="/m", prefill=1, decode=2))
+    assert plain.ipc_dir is None and all("--kv-events-config" not in w.cmd for w in plain.workers)
+    with pytest.raises(ConfigError, match="kv-events-config"):
+        build_plan(LaunchOptions(engine=engine, model="/m", policy="kv_events",
+                                 engine_args=["--kv-events-config", "{}"]))
+
+
+def test_kv_events_sockets_live_in_a_private_folder_for_the_launch(tmp_path):
+    from pdsdk.launch.supervisor import Supervisor
+
+    plan = build_plan(LaunchOptions(engine="vllm", model="/m", prefill=0, decode=1, policy="kv_events"))
+    sup = Supervisor(plan, tmp_path, echo=False)
+    try:
+        assert os.path.isdir(plan.ipc_dir) and os.stat(plan.ipc_dir).st_mode & 0o777 == 0o700
+    finally:
+        sup.stop()
+    assert not os.path.exists(plan.ipc_dir)
+
+
 def test_dry_run_prints_commands_and_env_and_starts_nothing():
     out = run_cli("launch", "--engine", "vllm", "--model", "/m/tiny", "--transport", "mooncake", "--dry-run",
                   "--", "--max-model-len", "512")
@@ -103,3 +137,9 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["store"] == config["store"]
     router = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "http://pdsdk-prefill:8000" in router and "http://pdsdk-decode:8000" in router
+
+
+def test_emit_k8s_refuses_kv_events_naming_the_option(tmp_path):
+    out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--policy", "kv_events", "--emit", "k8s", str(tmp_path))
+    assert out.returncode != 0 and "--policy" in out.stderr + out.stdout and "kv_events" in out.stderr + out.stdout
+    assert not list(tmp_path.glob("*.yaml"))
