@@ -77,9 +77,12 @@ _enc = msgspec.msgpack.Encoder()
 
 def stored(fmt: str, hashes: list, parent, token_ids: list[int], block_size: int, **kw: Any):
     cls = FORMATS[fmt]["BlockStored"]
-    if fmt.startswith("vllm"):
+    if fmt.startswith("vllm"):  # what vLLM 0.32 sends for plain text (seen on the wire)
         kw.setdefault("lora_id", None)
         kw.setdefault("medium", "GPU")
+        kw.setdefault("extra_keys", [None] * len(hashes))
+        kw.setdefault("group_idx", 0)
+        kw.setdefault("kv_cache_spec_kind", "full_attention")
     return cls(block_hashes=hashes, parent_block_hash=parent, token_ids=token_ids, block_size=block_size, **kw)
 
 
