@@ -10,6 +10,7 @@
 # local: the `local` transport alone: the Triton page kernel beside torch's, and where its time goes.
 # nixl-delay: NIXL's paged case with its progress thread busy (0) and sleeping (1000 us, the default).
 # invariance: tests/gpu/invariance.py (vLLM's batch-invariant mode against the exact greedy check).
+# kv-events ENGINE: tests/gpu/kv_events_real.py (the kv_events policy over two real workers of ENGINE).
 # matrix ARGS...: `pdsdk matrix` on the GPUs (its GPU tier), the rest of the arguments passed on.
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
@@ -88,6 +89,8 @@ while [ $# -gt 0 ]; do
     transports) step_transports; shift ;;
     local) step_local; shift ;;
     nixl-delay) step_nixl_delay; shift ;;
+    kv-events) (cd /tmp && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/kv_events_real.py" "$2" "$MODEL") \
+      > "$OUT/kv-events-$2.log" 2>&1; grep "^kv-events" "$OUT/kv-events-$2.log" || tail -5 "$OUT/kv-events-$2.log"; shift 2 ;;
     invariance) (cd /tmp && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/invariance.py" "$MODEL") \
       > "$OUT/invariance.log" 2>&1; tail -6 "$OUT/invariance.log"; shift ;;
     matrix) shift; step_matrix "$@"; break ;;
