@@ -165,6 +165,7 @@ def test_html_is_self_contained_with_plots(tmp_path):
     assert "vllm/1P1D/local/memory" in page and "TTFT CDF" in page
 
 
+@pytest.mark.slow  # starts a browser: the full suite's
 def test_html_report_renders_in_headless_chromium(tmp_path):
     exe = chromium()
     if exe is None:
