@@ -7,10 +7,11 @@ import socket
 from typing import Any
 
 import aiohttp
-
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.router.server import Router, start
+
+from pdsdk import hookimpl, plugins
 
 
 def free_port() -> int:
@@ -92,3 +93,22 @@ async def eventually(check, timeout: float = 5.0, step: float = 0.02) -> bool:
             return True
         await asyncio.sleep(step)
     return bool(check())
+
+
+class Decisions:
+    """The router's choices by request id, `(worker url, reason)`, through the pdsdk_route_decision
+    hook: `with Decisions() as seen:` ... `seen[request_id]`."""
+
+    def __init__(self):
+        self.seen: dict[str, tuple[str, str]] = {}
+
+    @hookimpl
+    def pdsdk_route_decision(self, policy, request_id, role, worker, reason):
+        self.seen[request_id] = (worker, reason)
+
+    def __enter__(self) -> dict[str, tuple[str, str]]:
+        plugins.plugin_manager().register(self)
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        plugins.plugin_manager().unregister(self)

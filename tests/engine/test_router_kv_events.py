@@ -15,26 +15,14 @@ import aiohttp
 import pytest
 from engine.servers import VllmServer, free_port, start_all
 from pdsdk.router.config import RouterConfig
+from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
-
-from pdsdk import hookimpl, plugins
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 BS = 32  # the engines' block size (VllmServer's default)
 PROMPTS = {"p": "Prefill and decode run on different workers. " * 25,
            "q": "The quick brown fox jumps over the lazy dog. " * 25,
            "r": "Paris is the capital of France and " * 25}
-
-
-class Decisions:
-    """The router's choices, by request id, through the pdsdk_route_decision hook."""
-
-    def __init__(self):
-        self.seen: dict[str, tuple[str, str]] = {}
-
-    @hookimpl
-    def pdsdk_route_decision(self, policy, request_id, role, worker, reason):
-        self.seen[request_id] = (worker, reason)
 
 
 def publishing(name: str, model: str, tmp_path, cores: str) -> tuple[VllmServer, str, str]:
@@ -60,19 +48,17 @@ def token_count(server: VllmServer, prompt: str) -> int:
 def test_kv_events_route_to_the_engine_holding_the_prefix(model, tmp_path):
     a, a_pub, a_replay = publishing("a", model, tmp_path, "0")
     b, b_pub, b_replay = publishing("b", model, tmp_path, "1")
-    decisions = Decisions()
-    plugins.plugin_manager().register(decisions)
     try:
         start_all(a, b)
-        asyncio.run(_scenario(a, b, {url(a): a_pub, url(b): b_pub}, {url(a): a_replay, url(b): b_replay},
-                              decisions))
+        with Decisions() as decisions:
+            asyncio.run(_scenario(a, b, {url(a): a_pub, url(b): b_pub}, {url(a): a_replay, url(b): b_replay},
+                                  decisions))
     finally:
-        plugins.plugin_manager().unregister(decisions)
         a.stop()
         b.stop()
 
 
-async def _scenario(a: VllmServer, b: VllmServer, events: dict, replay: dict, decisions: Decisions) -> None:
+async def _scenario(a: VllmServer, b: VllmServer, events: dict, replay: dict, decisions: dict) -> None:
     cfg = RouterConfig(port=0, engine="vllm", workers=[url(a), url(b)], policy="kv_events", kv_events=events,
                        kv_replay=replay, health_interval_s=0.5)
     router, runner, port = await start(cfg)
@@ -99,7 +85,7 @@ async def _scenario(a: VllmServer, b: VllmServer, events: dict, replay: dict, de
                                  headers={"X-Request-Id": rid}) as r:
                 assert r.status == 200, await r.text()
                 await r.read()
-            return decisions.seen[rid]
+            return decisions[rid]
 
         try:
             streams = lambda: policy.stats()["streams"].values()

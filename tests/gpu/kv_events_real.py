@@ -19,9 +19,9 @@ from pathlib import Path
 
 import aiohttp
 from pdsdk.router.config import RouterConfig
+from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
 
-from pdsdk import hookimpl, plugins
 from pdsdk.launch.plan import LaunchOptions, build_plan, free_port
 from pdsdk.launch.supervisor import Supervisor
 
@@ -32,16 +32,7 @@ CPU = os.environ.get("PDSDK_KV_EVENTS_CPU") == "1"  # a dry run of this script w
 PROMPT_TOKENS = 1500
 
 
-class Decisions:
-    def __init__(self):
-        self.seen: dict[str, tuple[str, str]] = {}
-
-    @hookimpl
-    def pdsdk_route_decision(self, policy, request_id, role, worker, reason):
-        self.seen[request_id] = (worker, reason)
-
-
-async def scenario(plan, decisions: Decisions) -> dict:
+async def scenario(plan, decisions: dict) -> dict:
     urls = [w.url for w in plan.workers]
     cfg = RouterConfig(port=0, engine=plan.engine, workers=urls, policy="kv_events",
                        kv_events={w.url: w.kv_events[0] for w in plan.workers},
@@ -82,7 +73,7 @@ async def scenario(plan, decisions: Decisions) -> dict:
             for i in range(4):
                 want, prompt, rid = urls[i % 2], prompts[i % 2], f"routed-{i}"
                 await complete(f"http://127.0.0.1:{port}", prompt, rid)
-                worker, reason = decisions.seen[rid]
+                worker, reason = decisions[rid]
                 out["checks"].append({"want": want, "got": worker, "reason": reason,
                                       "ok": worker == want and reason.startswith("kv-hit")})
             out["block_size"] = dict(policy.index.block_size)
@@ -98,16 +89,14 @@ def main(engine: str, model: str) -> int:
                                     decode=2, gpus=None if CPU else [0, 1], policy="kv_events",
                                     engine_args=["--max-model-len", "2048"] if CPU else ARGS[engine]))
     sup = Supervisor(plan, OUT / f"logs-kv-events-{engine}", echo=False)
-    decisions = Decisions()
-    plugins.plugin_manager().register(decisions)
     try:
         sup.start(plan.workers)
         sup.wait_healthy(plan.workers, 420)
-        result = asyncio.run(scenario(plan, decisions))
+        with Decisions() as decisions:
+            result = asyncio.run(scenario(plan, decisions))
     except Exception as e:  # noqa: BLE001 - the record says what failed
         result = {"engine": engine, "error": f"{type(e).__name__}: {e}"}
     finally:
-        plugins.plugin_manager().unregister(decisions)
         sup.stop()
     (OUT / f"kv-events-{engine}.json").write_text(json.dumps(result, indent=1, default=str))
     for c in result.get("checks", []):
