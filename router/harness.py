@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import aiohttp
+
+from pdsdk import hookimpl, plugins
+from pdsdk.ports import free_port  # noqa: F401 - tests and the bench take it from here
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.router.server import Router, start
-
-from pdsdk import hookimpl, plugins
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Harness:

@@ -4,21 +4,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from typing import Any
 
 from pdsdk.adapters.sglang.settings import ENV
 from pdsdk.compat.sglang import BACKEND
+from pdsdk.ports import free_port
 
 ROLES = ("prefill", "decode", "worker")
 BOOTSTRAP_PORT_ENV = "PDSDK_BOOTSTRAP_PORT"  # the launcher hands it to the router: "--prefill URL PORT"
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def hicache_args(store: Any, *, model: str | None = None, ratio: float | None = None,

@@ -10,11 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pdsdk.ports import free_port
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:

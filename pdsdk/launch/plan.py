@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from pdsdk.config import load_config
 from pdsdk.errors import ConfigError
+from pdsdk.ports import free_port
 
 ENGINES = ("vllm", "sglang")
 # The engine flag for the share of a GPU's memory one worker takes, and the share of the whole GPU
@@ -89,11 +89,6 @@ class LaunchOptions:
     engine_args: list[str] = field(default_factory=list)
     python: str = sys.executable
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def build_plan(opts: LaunchOptions) -> LaunchPlan:

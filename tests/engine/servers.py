@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -14,14 +13,10 @@ import uuid
 from pathlib import Path
 
 from pdsdk.adapters.vllm.command import cpu_env, server_command
+from pdsdk.ports import free_port
 
 START_TIMEOUT_S = 420  # cold torch.compile on 2 shared cores can take minutes
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServer:

@@ -4,21 +4,16 @@ scheduler drives them: a prefill process (bootstrap server, manager, sender) and
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 from helpers import need_plugin
 
 from pdsdk.plugins import registry
+from pdsdk.ports import free_port
 
 SUCCESS, FAILED = 4, 0  # KVPoll values
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
