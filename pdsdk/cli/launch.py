@@ -24,7 +24,8 @@ def register(sub) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size per worker (default 1)")
     p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1; an id given twice is shared, e.g. "
                                                 "0,0,1 (default: CPU, cores split between workers)")
-    p.add_argument("--policy", default="least_load", help="router policy (default least_load)")
+    p.add_argument("--policy", default="least_load", help="router policy (default least_load; kv_events also wires each worker's KV event stream "
+                                                     "to the router)")
     p.add_argument("--host", default="127.0.0.1", help="router address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
     p.add_argument("--local-prefill-threshold", type=int, default=0,

@@ -14,6 +14,7 @@ import uuid
 import aiohttp
 import pytest
 from engine.servers import VllmServer, free_port, start_all
+from pdsdk.launch.plan import KV_EVENTS_CONFIG
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
@@ -28,8 +29,7 @@ PROMPTS = {"p": "Prefill and decode run on different workers. " * 25,
 def publishing(name: str, model: str, tmp_path, cores: str) -> tuple[VllmServer, str, str]:
     """A plain vLLM publishing its KV events (and serving /reset_prefix_cache, a dev endpoint)."""
     pub, replay = free_port(), free_port()
-    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{pub}",
-           "replay_endpoint": f"tcp://*:{replay}"}
+    cfg = {**KV_EVENTS_CONFIG["vllm"], "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
     server = VllmServer(name, model, tmp_path, cores=cores, env={"VLLM_SERVER_DEV_MODE": "1"},
                         extra_args=("--kv-events-config", json.dumps(cfg)))
     return server, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
