@@ -2,22 +2,70 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 
+from pdsdk.errors import ConfigError
+
 _given: set[int] = set()
 _lock = threading.Lock()
+_rng = random.SystemRandom()  # two processes picking at once start from different ports
+LINUX_EPHEMERAL = (32768, 60999)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for bind(0) and outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, never the same one twice in this process: asked twice in a
-    row, the kernel may offer the port it just released (two servers given one port, as a CI
-    run once had mooncake_master's metrics and metadata servers)."""
+    """A port nothing is bound to now, outside the kernel's ephemeral range, never the same one
+    twice in this process.
+
+    Outside the ephemeral range because a port is picked long before its server binds it (a router
+    starts after its engines load, minutes later), and meanwhile any process's bind(0) or outgoing
+    connection could be given an ephemeral port: an engine's own ZMQ or gloo sockets once took a
+    router's port that way. Never twice, because asked twice in a row the kernel may offer the port
+    it just released (mooncake_master's metrics and metadata servers once got the same one).
+    """
+    lo, hi = ephemeral_range()
+    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
     with _lock:
-        while True:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
-            if port not in _given:
+        for _ in range(200):
+            port = _rng.choice(pool) if pool else _kernel_port(host)
+            if port not in _given and bindable(host, port):
                 _given.add(port)
                 return port
+    raise OSError(f"no free TCP port found on {host} outside the ephemeral range {lo}-{hi}")
+
+
+def _kernel_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def bindable(host: str, port: int, reuse: bool = False) -> bool:
+    """Whether a server could bind host:port now. reuse: as a server with SO_REUSEADDR (aiohttp,
+    uvicorn), which a closed connection in TIME_WAIT does not stop; without it, that counts too."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            if reuse:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+
+
+def require_free(host: str, port: int, field: str) -> None:
+    """Fail now, naming the flag, when a server pdsdk is about to start could not bind its port."""
+    if port and not bindable(host, port, reuse=True):
+        raise ConfigError(field, f"port {port} on {host} is in use; pick another {field} or stop what "
+                                 f"listens there (e.g. `ss -ltnp 'sport = :{port}'`)")

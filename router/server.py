@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.h1 import H1Pool
@@ -196,7 +197,12 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
                            shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ConfigError("--port", f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); pick another "
+                                    "--port or stop what listens there") from None
     port = runner.addresses[0][1]
     return router, runner, port
 
