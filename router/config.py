@@ -38,7 +38,8 @@ class RouterConfig:
     breaker_threshold: int = 3
     breaker_cooldown_s: float = 5.0
     disagg_threshold: int = 0  # uncached prompt tokens below this: decode worker alone (vLLM); 0: off
-    tokenize: str = "auto"  # token ids for kv_events: "worker" (POST /tokenize), "none", "auto"
+    tokenize: str = "auto"  # token ids for kv_events: "worker" (POST /tokenize), "none", "auto" (worker
+    #                         until a worker has no /tokenize)
     retry_after_s: int = 1
     etcd: str | None = None  # http://host:2379 (v3 JSON gateway)
     etcd_prefix: str = "/pdsdk/workers/"
@@ -66,5 +67,5 @@ class RouterConfig:
 
     @property
     def tokenize_via_worker(self) -> bool:
-        # vLLM serves POST /tokenize with the model's own tokenizer and chat template
-        return self.tokenize == "worker" or (self.tokenize == "auto" and self.engine == "vllm")
+        # vLLM and SGLang (0.5.15 on) serve POST /tokenize with the model's own tokenizer and chat template
+        return self.tokenize != "none"

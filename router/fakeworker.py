@@ -26,7 +26,8 @@ ISSUED: dict[str, str] = {}  # vLLM: remote_request_id -> X-Request-Id of its pr
 
 class FakeWorker:
     def __init__(self, engine: str = "vllm", role: str = "plain", model: str = "fake-model",
-                 chunks: int = 4, token_delay_s: float = 0.0, bootstrap_port: int | None = None):
+                 chunks: int = 4, token_delay_s: float = 0.0, bootstrap_port: int | None = None,
+                 serves_tokenize: bool = True):
         self.engine, self.role, self.model, self.chunks = engine, role, model, chunks
         self.token_delay_s, self.bootstrap_port = token_delay_s, bootstrap_port
         self.engine_id = uuid.uuid4().hex
@@ -38,6 +39,7 @@ class FakeWorker:
         self.die_after: int | None = None  # close the connection after this many stream chunks
         self.stall_after: int | None = None  # go silent (connection open) after this many stream chunks
         self.healthy = True
+        self.serves_tokenize = serves_tokenize  # False: no POST /tokenize (an engine version without it)
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -47,7 +49,8 @@ class FakeWorker:
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
-        app.router.add_post("/tokenize", self.tokenize)
+        if self.serves_tokenize:
+            app.router.add_post("/tokenize", self.tokenize)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> FakeWorker:

@@ -39,6 +39,7 @@ class Orchestrator:
     def __init__(self, cfg: RouterConfig, pool: WorkerPool, policies: dict[str, Policy], client: H1Pool):
         self.cfg, self.pool, self.policies, self.client = cfg, pool, policies, client
         self._warned_no_params: set[str] = set()
+        self._ask_tokens = cfg.tokenize_via_worker  # off for good when a worker has no /tokenize (auto)
 
     # --- planning -------------------------------------------------------------------------
     def _choose(self, role: str, req: RouteRequest, excluded: set[str]) -> Choice:
@@ -79,7 +80,7 @@ class Orchestrator:
             except ValueError:
                 return json_error(400, f"X-Request-Timeout {asked!r} is not a number of seconds")
         deadline = loop.time() + budget
-        if self.cfg.tokenize_via_worker and req.token_ids is None and \
+        if self._ask_tokens and req.token_ids is None and \
                 any(p.needs_tokens for p in self.policies.values()):
             await self._tokenize(body, req)
         excluded: set[str] = set()
@@ -233,19 +234,15 @@ class Orchestrator:
             await asyncio.gather(prefill, return_exceptions=True)
 
     async def _tokenize(self, body: dict, req: RouteRequest) -> None:
-        """Token ids for kv_events routing, from a worker's POST /tokenize (vLLM's own tokenizer
-        and chat template). Best effort: on any failure the policy routes without them."""
+        """Token ids for kv_events routing, from a worker's POST /tokenize (the engine's own
+        tokenizer and chat template). Best effort: on any failure the policy routes without them."""
         role = "decode" if self.cfg.pd else "plain"
         cands = self.pool.candidates(role, model=req.model)
         if not cands:
             return
         w = min(cands, key=lambda x: x.load)
-        ask = {"model": body.get("model")}
-        if "messages" in body:
-            ask["messages"] = body["messages"]
-        elif req.text:
-            ask["prompt"] = req.text
-        else:
+        ask = tokenize_request(body, req.text)
+        if ask is None:
             return
         try:
             status, data = await post_json(self.client, w, "/tokenize", ask, {}, 2.0)
@@ -253,8 +250,22 @@ class Orchestrator:
                 tokens = _json(data).get("tokens")
                 if isinstance(tokens, list):
                     req.token_ids = tokens
+            elif status in (404, 405) and self.cfg.tokenize == "auto":  # an engine version without it
+                self._ask_tokens = False
+                log.warning("%s has no POST /tokenize: kv_events routes text prompts without token ids from "
+                            "now on (send token ids, or --tokenize none to skip asking)", w.url)
         except (Retryable, ValueError) as e:
             log.debug("tokenize via %s failed: %s", w.url, e)
+
+
+def tokenize_request(body: dict, text: str | None) -> dict | None:
+    """The body of POST /tokenize (vLLM's and SGLang's shape) for a client's request body: its chat
+    messages, else its prompt text; None when it has neither."""
+    if "messages" in body:
+        return {"model": body.get("model"), "messages": body["messages"]}
+    if text:
+        return {"model": body.get("model"), "prompt": text}
+    return None
 
 
 def _json(data: bytes) -> dict:

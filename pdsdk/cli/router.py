@@ -66,8 +66,8 @@ def register(sub) -> None:
       help="vLLM PD: prompts with fewer uncached tokens than this run on the decode worker alone "
            "(default 0: always disaggregate)")
     a("--tokenize", choices=("auto", "worker", "none"), default="auto",
-      help="how kv_events gets token ids for text prompts: worker = POST /tokenize on a worker; "
-           "auto = worker for vLLM (default)")
+      help="how kv_events gets token ids for text prompts: worker = POST /tokenize on a worker (vLLM, "
+           "SGLang); auto = worker, until a worker has no /tokenize (default)")
     a("--retry-after", type=int, default=1, help="Retry-After seconds on 503 (default 1)")
     a("--etcd", help="etcd URL (v3 JSON gateway, e.g. http://127.0.0.1:2379): workers register there")
     a("--etcd-prefix", default="/pdsdk/workers/", help="etcd key prefix of worker records "

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from helpers import eventually
 from pdsdk.router import fake_events as fe
-from pdsdk.router.harness import Harness, free_port
+from pdsdk.router.harness import Decisions, Harness, free_port
 from pdsdk.router.kvindex import KVIndex
 from pdsdk.router.kvsub import EventStream
 from pdsdk.router.kvwire import STORED, Cleared, Removed, Stored, WireError, as_ints, decode_batch, parse_seq
@@ -213,20 +213,29 @@ def test_engine_restart_resyncs(stream_env):
         s.join(2)
 
 
-def test_kv_events_policy_routes_to_the_worker_holding_the_prefix(stream_env):
+async def _kv_events_harness(h, stream_env, fmt):
+    """Give each of h's plain workers a live KV event stream of format `fmt`; their publishers."""
+    pubs = [stream_env(fmt)[0:2] for _ in h.plain]
+    for w, (pub, ep) in zip(h.plain, pubs):
+        rw = h.router.pool.workers[w.url]
+        h.router.pool.remove(w.url)
+        rw.kv_events, rw.kv_replay = ep
+        h.router.add_worker(rw)
+    return [pub for pub, _ in pubs]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_kv_events_policy_routes_to_the_worker_holding_the_prefix(stream_env, engine):
+    """Text prompts: the router gets their token ids from a worker's POST /tokenize (both engines
+    serve it; --tokenize auto is the default)."""
     async def main():
-        pubs = [stream_env()[0:2] for _ in range(2)]
-        async with Harness(plain=2, policy="kv_events", tokenize="worker") as h:
-            for w, (pub, ep) in zip(h.plain, pubs):
-                rw = h.router.pool.workers[w.url]
-                h.router.pool.remove(w.url)
-                rw.kv_events, rw.kv_replay = ep
-                h.router.add_worker(rw)
+        async with Harness(engine=engine, plain=2, policy="kv_events") as h:
+            pubs = await _kv_events_harness(h, stream_env, engine)
             text = "the quick brown fox jumps over the lazy dog" * 2
             toks = [ord(c) for c in text]  # the fake worker's /tokenize
             policy = h.router.policies["plain"]
             for _ in range(250):  # again until seen: a subscription still joining misses what is sent
-                _publish(pubs[1][0], "vllm", toks[: len(toks) // BS * BS])
+                _publish(pubs[1], engine, toks[: len(toks) // BS * BS])
                 await asyncio.sleep(0.02)
                 if policy.index.lookup(toks):
                     break
@@ -237,6 +246,22 @@ def test_kv_events_policy_routes_to_the_worker_holding_the_prefix(stream_env):
             status, stats = await h.get("/admin/policies")
             assert stats["plain"]["policy"] == "kv_events" and stats["plain"]["index"]["stored"] > 0
     run(main())
+
+
+def test_workers_without_tokenize_are_asked_once_then_text_prompts_use_the_prefix_match(stream_env, caplog):
+    async def main():
+        async with Harness(plain=2, policy="kv_events", worker_opts={"serves_tokenize": False}) as h:
+            await _kv_events_harness(h, stream_env, "vllm")
+            with Decisions() as seen:
+                for i in range(3):
+                    status, _, _ = await h.post("/v1/completions", {"model": "fake-model", "prompt": "hello world",
+                                                                    "max_tokens": 2}, headers={"X-Request-Id": f"r{i}"})
+                    assert status == 200
+            assert len(seen) == 3 and all(r.startswith("degraded (no token ids)") for _, r in seen.values()), seen
+            assert not h.router.orchestrator._ask_tokens
+    with caplog.at_level("WARNING", logger="pdsdk.router.orchestrator"):
+        run(main())
+    assert len([r for r in caplog.records if "has no POST /tokenize" in r.getMessage()]) == 1
 
 
 def run(coro):
