@@ -3,7 +3,9 @@
 Two plain workers on GPUs 0 and 1, started from `pdsdk launch --policy kv_events`'s own plan (each
 publishes its KV events on local sockets). Each gets one long prompt straight from this script; the
 router (in process, its decisions recorded through the pdsdk_route_decision hook) must then send
-each prompt to the worker holding it, with the hit as long as that worker's cached blocks.
+each prompt to the worker holding it, with the hit as long as that worker's cached blocks. Twice:
+prompts of token ids, then chat messages of text, which the router tokenizes through a worker's
+POST /tokenize (the engine's own tokenizer and chat template).
 Usage: python3 tests/gpu/kv_events_real.py ENGINE MODEL_DIR   (JSON and logs under $OUT)
 """
 
@@ -30,6 +32,7 @@ ARGS = {"vllm": ["--gpu-memory-utilization", "0.85", "--max-model-len", "4096"],
         "sglang": ["--mem-fraction-static", "0.8", "--context-length", "4096"]}
 CPU = os.environ.get("PDSDK_KV_EVENTS_CPU") == "1"  # a dry run of this script with vLLM on CPU (tiny model)
 PROMPT_TOKENS = 1500
+WORDS = "river stone cloud lamp garden paper orange window silver music forest candle bridge winter".split()
 
 
 async def scenario(plan, decisions: dict) -> dict:
@@ -55,27 +58,35 @@ async def scenario(plan, decisions: dict) -> dict:
 
     try:
         async with aiohttp.ClientSession() as http:
-            async def complete(base: str, prompt: list[int], rid: str) -> None:
-                body = {"model": plan.served_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
-                async with http.post(base + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r:
+            async def complete(base: str, prompt: list[int] | str, rid: str) -> None:
+                body = {"model": plan.served_name, "max_tokens": 4, "temperature": 0}
+                if isinstance(prompt, str):
+                    path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
+                else:
+                    path, body["prompt"] = "/v1/completions", prompt
+                async with http.post(base + path, json=body, headers={"X-Request-Id": rid}) as r:
                     if r.status != 200:
                         raise RuntimeError(f"{base}: HTTP {r.status}: {(await r.text())[:300]}")
                     await r.read()
 
+            async def routed_to_holders(kind: str, prompts: list) -> None:
+                before = {u: blocks(u) for u in urls}
+                for url, prompt in zip(urls, prompts):
+                    await complete(url, prompt, f"direct-{kind}-{url}")
+                await until(lambda: all(blocks(u) > before[u] for u in urls), f"{kind} blocks indexed")
+                await asyncio.sleep(1)  # the rest of the events of those two requests
+                for i in range(4):
+                    want, prompt, rid = urls[i % 2], prompts[i % 2], f"routed-{kind}-{i}"
+                    await complete(f"http://127.0.0.1:{port}", prompt, rid)
+                    worker, reason = decisions[rid]
+                    out["checks"].append({"prompt": kind, "want": want, "got": worker, "reason": reason,
+                                          "ok": worker == want and reason.startswith("kv-hit")})
+
             streams = lambda: policy.stats()["streams"].values()
             await until(lambda: len(streams()) == 2 and all(s["state"] == "exact" for s in streams()), "streams")
-            t0 = time.monotonic()
-            for url, prompt in zip(urls, prompts):
-                await complete(url, prompt, f"direct-{url}")
-            await until(lambda: all(blocks(u) > 0 for u in urls), "blocks indexed")
-            await asyncio.sleep(1)  # the rest of the events of those two requests
-            out["index_wait_s"] = round(time.monotonic() - t0, 2)
-            for i in range(4):
-                want, prompt, rid = urls[i % 2], prompts[i % 2], f"routed-{i}"
-                await complete(f"http://127.0.0.1:{port}", prompt, rid)
-                worker, reason = decisions[rid]
-                out["checks"].append({"want": want, "got": worker, "reason": reason,
-                                      "ok": worker == want and reason.startswith("kv-hit")})
+            await routed_to_holders("token-ids", prompts)
+            await routed_to_holders("chat-text", [" ".join(rng.choice(WORDS) for _ in range(PROMPT_TOKENS // 2))
+                                                  for _ in urls])
             out["block_size"] = dict(policy.index.block_size)
             out["stats"] = policy.stats()
     finally:
@@ -100,7 +111,8 @@ def main(engine: str, model: str) -> int:
         sup.stop()
     (OUT / f"kv-events-{engine}.json").write_text(json.dumps(result, indent=1, default=str))
     for c in result.get("checks", []):
-        print(f"kv-events {engine}: {'OK ' if c['ok'] else 'BAD'} want {c['want']} got {c['got']}: {c['reason']}")
+        print(f"kv-events {engine}: {'OK ' if c['ok'] else 'BAD'} {c['prompt']}: want {c['want']} got {c['got']}: "
+              f"{c['reason']}")
     print(f"kv-events {engine}: block_size {result.get('block_size')} index {result.get('stats', {}).get('index')} "
           f"{result.get('error', '')}")
     return 0 if result.get("checks") and all(c["ok"] for c in result["checks"]) else 1
