@@ -12,6 +12,8 @@ _given: set[int] = set()
 _lock = threading.Lock()
 _rng = random.SystemRandom()  # two processes picking at once start from different ports
 LINUX_EPHEMERAL = (32768, 60999)
+# SGLang derives its gRPC port as --port + 10000 and refuses to start past 65535
+HIGHEST = 65535 - 10000
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -33,9 +35,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     connection could be given an ephemeral port: an engine's own ZMQ or gloo sockets once took a
     router's port that way. Never twice, because asked twice in a row the kernel may offer the port
     it just released (mooncake_master's metrics and metadata servers once got the same one).
+    At most HIGHEST, for the ports engines derive from theirs.
     """
     lo, hi = ephemeral_range()
-    pool = [p for p in range(10000, 65536) if not lo <= p <= hi]
+    pool = [p for p in range(10000, HIGHEST + 1) if not lo <= p <= hi]
     with _lock:
         for _ in range(200):
             port = _rng.choice(pool) if pool else _kernel_port(host)

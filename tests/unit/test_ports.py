@@ -6,7 +6,7 @@ import pytest
 from helpers import run_cli
 
 from pdsdk import ConfigError
-from pdsdk.ports import bindable, ephemeral_range, free_port, require_free
+from pdsdk.ports import HIGHEST, bindable, ephemeral_range, free_port, require_free
 
 
 def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat():
@@ -16,6 +16,7 @@ def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat():
     # the kernel gives ephemeral ports to bind(0) and outgoing connections: an engine's own sockets
     # can take one between the pick and the server's start, never one of these
     assert not [p for p in ports if lo <= p <= hi]
+    assert max(ports) <= HIGHEST == 55535  # SGLang's gRPC port is --port + 10000: a GPU run found it
 
 
 def test_a_held_port_is_named_with_its_flag():
