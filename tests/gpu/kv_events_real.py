@@ -32,6 +32,7 @@ ARGS = {"vllm": ["--gpu-memory-utilization", "0.85", "--max-model-len", "4096"],
         "sglang": ["--mem-fraction-static", "0.8", "--context-length", "4096"]}
 CPU = os.environ.get("PDSDK_KV_EVENTS_CPU") == "1"  # a dry run of this script with vLLM on CPU (tiny model)
 PROMPT_TOKENS = 1500
+# about 1600 tokens of text with the tiny models' tokenizer (512 words)
 WORDS = "river stone cloud lamp garden paper orange window silver music forest candle bridge winter".split()
 
 
@@ -85,7 +86,7 @@ async def scenario(plan, decisions: dict) -> dict:
             streams = lambda: policy.stats()["streams"].values()
             await until(lambda: len(streams()) == 2 and all(s["state"] == "exact" for s in streams()), "streams")
             await routed_to_holders("token-ids", prompts)
-            await routed_to_holders("chat-text", [" ".join(rng.choice(WORDS) for _ in range(PROMPT_TOKENS // 2))
+            await routed_to_holders("chat-text", [" ".join(rng.choice(WORDS) for _ in range(PROMPT_TOKENS // 4))
                                                   for _ in urls])
             out["block_size"] = dict(policy.index.block_size)
             out["stats"] = policy.stats()
