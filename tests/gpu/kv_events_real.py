@@ -32,7 +32,7 @@ ARGS = {"vllm": ["--gpu-memory-utilization", "0.85", "--max-model-len", "4096"],
         "sglang": ["--mem-fraction-static", "0.8", "--context-length", "4096"]}
 CPU = os.environ.get("PDSDK_KV_EVENTS_CPU") == "1"  # a dry run of this script with vLLM on CPU (tiny model)
 PROMPT_TOKENS = 1500
-# about 1600 tokens of text with the tiny models' tokenizer (512 words)
+# chat text of PROMPT_TOKENS // 4 words: about 1600 tokens with the tiny models' 512-entry vocabulary
 WORDS = "river stone cloud lamp garden paper orange window silver music forest candle bridge winter".split()
 
 
