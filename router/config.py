@@ -38,7 +38,7 @@ class RouterConfig:
     breaker_threshold: int = 3
     breaker_cooldown_s: float = 5.0
     disagg_threshold: int = 0  # uncached prompt tokens below this: decode worker alone (vLLM); 0: off
-    tokenize: str = "auto"  # kv_events token ids: "worker" (POST /tokenize), "auto" (same, until a 404), "none"
+    tokenize: str = "auto"  # kv_events token ids: "worker" (POST /tokenize), "auto" (so, until a 404), "none"
     retry_after_s: int = 1
     etcd: str | None = None  # http://host:2379 (v3 JSON gateway)
     etcd_prefix: str = "/pdsdk/workers/"
