@@ -26,13 +26,14 @@ from typing import Any, Callable
 from rich.console import Console
 
 from pdsdk.errors import PdsdkError
-from pdsdk.launch.plan import LaunchOptions, LaunchPlan, ProcessSpec, build_plan, free_port
+from pdsdk.launch.plan import LaunchOptions, LaunchPlan, ProcessSpec, build_plan
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.matrix import correctness
 from pdsdk.matrix.cells import Cell, Phase
 from pdsdk.matrix.collect import collect, prefix_cache_counters
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import Workload
+from pdsdk.ports import free_port
 
 KIND = "pdsdk-matrix"
 SCHEMA = 1

@@ -64,7 +64,8 @@ def register(sub) -> None:
 
 def main(args) -> int:
     from pdsdk.cli.launch import serve
-    from pdsdk.launch.plan import LaunchOptions, build_plan, free_port
+    from pdsdk.launch.plan import LaunchOptions, build_plan
+    from pdsdk.ports import free_port
     from pdsdk.tinymodel import make_tiny_model
 
     console = Console()

@@ -12,6 +12,7 @@ _given: set[int] = set()
 _lock = threading.Lock()
 _rng = random.SystemRandom()  # two processes picking at once start from different ports
 LINUX_EPHEMERAL = (32768, 60999)
+LOWEST = 10000  # clear of the well-known ports services listen on
 # SGLang derives its gRPC port as --port + 10000 and refuses to start past 65535
 HIGHEST = 65535 - 10000
 
@@ -38,20 +39,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     At most HIGHEST, for the ports engines derive from theirs.
     """
     lo, hi = ephemeral_range()
-    pool = [p for p in range(10000, HIGHEST + 1) if not lo <= p <= hi]
     with _lock:
-        for _ in range(200):
-            port = _rng.choice(pool) if pool else _kernel_port(host)
-            if port not in _given and bindable(host, port):
+        for _ in range(1000):  # on Linux's defaults about half the candidates are ephemeral
+            port = _rng.randint(LOWEST, HIGHEST)
+            if not lo <= port <= hi and port not in _given and bindable(host, port):
                 _given.add(port)
                 return port
-    raise OSError(f"no free TCP port found on {host} outside the ephemeral range {lo}-{hi}")
-
-
-def _kernel_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    raise OSError(f"no free TCP port on {host} in {LOWEST}-{HIGHEST} outside the ephemeral range {lo}-{hi} "
+                  "(sysctl net.ipv4.ip_local_port_range)")
 
 
 def bindable(host: str, port: int, reuse: bool = False) -> bool:

@@ -121,7 +121,7 @@ def _added(d: dict[str, Any], r: dict[str, Any]) -> None:
 
 def _pair(args, tokens: int, itl_s: float):
     """(worker, router, worker port, router port): a lean worker and a router in front of it."""
-    from pdsdk.router.harness import free_port
+    from pdsdk.ports import free_port
 
     wport, rport = free_port(), free_port()
     worker = _spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks", str(tokens),

@@ -8,7 +8,6 @@ from typing import Any
 import aiohttp
 
 from pdsdk import hookimpl, plugins
-from pdsdk.ports import free_port  # noqa: F401 - tests and the bench take it from here
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.router.server import Router, start

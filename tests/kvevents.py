@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import eventually
 from pdsdk.router import fake_events as fe
-from pdsdk.router.harness import free_port
+from pdsdk.ports import free_port
 from pdsdk.router.kvwire import decode_batch
 
 

@@ -15,7 +15,6 @@ ROLES = ("prefill", "decode", "worker")
 BOOTSTRAP_PORT_ENV = "PDSDK_BOOTSTRAP_PORT"  # the launcher hands it to the router: "--prefill URL PORT"
 
 
-
 def hicache_args(store: Any, *, model: str | None = None, ratio: float | None = None,
                  zero_copy: bool = True) -> list[str]:
     """`--enable-hierarchical-cache ... --hicache-storage-backend dynamic` with pdsdk's storage class

@@ -87,7 +87,8 @@ def run(args) -> int:
 
 def _bench_pair(name: str, roles: dict, model: str, prompts: list[str], args, log_dir: Path, console) -> dict:
     from pdsdk.adapters.vllm.command import server_command
-    from pdsdk.launch.plan import LaunchPlan, ProcessSpec, free_port, placements
+    from pdsdk.launch.plan import LaunchPlan, ProcessSpec, placements
+    from pdsdk.ports import free_port
     from pdsdk.launch.supervisor import Supervisor
 
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None

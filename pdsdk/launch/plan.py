@@ -90,7 +90,6 @@ class LaunchOptions:
     python: str = sys.executable
 
 
-
 def build_plan(opts: LaunchOptions) -> LaunchPlan:
     """Validate the options and lay out every process; raises ConfigError naming the option."""
     if opts.engine not in ENGINES:

@@ -18,7 +18,6 @@ from pdsdk.ports import free_port
 START_TIMEOUT_S = 420  # cold torch.compile on 2 shared cores can take minutes
 
 
-
 class VllmServer:
     def __init__(self, name: str, model: str, log_dir: Path, *, cores: str, role: str | None = None,
                  pdsdk_config: dict | None = None, env: dict | None = None, block_size: int = 32,

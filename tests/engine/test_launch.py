@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from engine.conftest import MAX_TOKENS, PROMPTS
-from engine.servers import free_port
+from pdsdk.ports import free_port
 from helpers import pdsdk_cli
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -13,8 +13,9 @@ import uuid
 
 import aiohttp
 import pytest
-from engine.servers import VllmServer, free_port, start_all
+from engine.servers import VllmServer, start_all
 from pdsdk.launch.plan import KV_EVENTS_CONFIG
+from pdsdk.ports import free_port
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start

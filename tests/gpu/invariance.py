@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from pdsdk.launch.plan import LaunchOptions, build_plan, free_port
+from pdsdk.launch.plan import LaunchOptions, build_plan
+from pdsdk.ports import free_port
 from pdsdk.launch.supervisor import Supervisor
 from pdsdk.matrix import correctness
 from pdsdk.matrix.correctness import compare

@@ -24,8 +24,9 @@ from pdsdk.router.config import RouterConfig
 from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
 
-from pdsdk.launch.plan import LaunchOptions, build_plan, free_port
+from pdsdk.launch.plan import LaunchOptions, build_plan
 from pdsdk.launch.supervisor import Supervisor
+from pdsdk.ports import free_port
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 ARGS = {"vllm": ["--gpu-memory-utilization", "0.85", "--max-model-len", "4096"],

@@ -17,7 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pdsdk.launch.plan import LaunchOptions, LaunchPlan, build_plan, free_port
+from pdsdk.launch.plan import LaunchOptions, LaunchPlan, build_plan
+from pdsdk.ports import free_port
 from pdsdk.launch.supervisor import Supervisor
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import Workload, random_requests

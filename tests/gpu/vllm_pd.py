@@ -10,7 +10,8 @@ import uuid
 from pathlib import Path
 
 from pdsdk.adapters.vllm.command import server_command
-from pdsdk.launch.plan import LaunchPlan, ProcessSpec, free_port
+from pdsdk.launch.plan import LaunchPlan, ProcessSpec
+from pdsdk.ports import free_port
 from pdsdk.launch.supervisor import Supervisor
 from pdsdk.tinymodel import make_tiny_model
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from helpers import eventually, run_cli
 
-from pdsdk.launch.plan import free_port
+from pdsdk.ports import free_port
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import AgentSpec, Workload, random_requests
 from pdsdk.router.fakeworker import FakeWorker

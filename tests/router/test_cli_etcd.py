@@ -16,7 +16,8 @@ from helpers import pdsdk_cli
 from pdsdk.cli import build_parser
 from pdsdk.router.etcd import Registration
 from pdsdk.router.fakeworker import FakeWorker
-from pdsdk.router.harness import Harness, eventually, free_port
+from pdsdk.ports import free_port
+from pdsdk.router.harness import Harness, eventually
 
 
 def test_every_router_option_has_help():

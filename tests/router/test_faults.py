@@ -9,7 +9,8 @@ import sys
 
 import aiohttp
 
-from pdsdk.router.harness import Harness, eventually, free_port
+from pdsdk.ports import free_port
+from pdsdk.router.harness import Harness, eventually
 from pdsdk.router.workers import Worker
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 50}

@@ -15,7 +15,6 @@ from pdsdk.ports import free_port
 SUCCESS, FAILED = 4, 0  # KVPoll values
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", registry().names("transport"))
 def test_pages_arrive_intact(pd, transport):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pdsdk.connectors.stores import servers
-from pdsdk.connectors.stores.servers import Server, free_port  # noqa: F401 - re-exported for tests
+from pdsdk.connectors.stores.servers import Server
 
 
 def start_redis(workdir, maxmemory="64mb") -> Server:

@@ -8,7 +8,9 @@ import os
 import time
 
 import pytest
-from stores.servers import free_port, mooncake_options, start_mooncake_master, start_redis
+from stores.servers import mooncake_options, start_mooncake_master, start_redis
+
+from pdsdk.ports import free_port
 
 from helpers import eventually, read_pages
 

@@ -19,6 +19,14 @@ def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat():
     assert max(ports) <= HIGHEST == 55535  # SGLang's gRPC port is --port + 10000: a GPU run found it
 
 
+def test_an_ephemeral_range_that_leaves_no_room_is_named(monkeypatch):
+    from pdsdk import ports
+
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))
+    with pytest.raises(OSError, match="ip_local_port_range"):
+        free_port()
+
+
 def test_a_held_port_is_named_with_its_flag():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
