@@ -89,6 +89,9 @@ class PdsdkConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._scheduler.update_connector_output(connector_output)
+
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         self._scheduler.set_handshakes(metadata)
 

@@ -16,7 +16,7 @@ from typing import Any
 from pdsdk.adapters.side_channel import SideChannelServer
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive, StorePages
 from pdsdk.adapters.vllm.stats import StatsRecorder
-from pdsdk.adapters.vllm.store_path import StoreIndex, StoreLookup, shared_spec
+from pdsdk.adapters.vllm.store_path import INDEX_LIMIT, StoreIndex, StoreLookup, shared_spec
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
 
@@ -50,6 +50,7 @@ class SchedulerSide:
         self._load: dict[str, StorePages] = {}
         self._pd_first: dict[str, int] = {}  # decode: first remote block to pull (after local hits)
         self.store_hit_blocks = 0
+        self._saved_ranks: dict[bytes, int] = {}  # TP > 1: hash -> ranks whose save of it landed
 
     # --- handshake -----------------------------------------------------------------------------
 
@@ -86,6 +87,8 @@ class SchedulerSide:
             return 0, False
         self._requests[request.request_id] = request
         first = num_computed_tokens // self.block_size
+        # Blocks the engine's own prefix cache holds were saved by the request that computed them.
+        self._stored[request.request_id] = max(self._stored.get(request.request_id, 0), first)
         last = (request.num_prompt_tokens - 1) // self.block_size  # vLLM computes at least one token
         hits = self._store_prefix(request.request_id, first, list(request.block_hashes[first:last]))
         if hits:
@@ -192,11 +195,33 @@ class SchedulerSide:
                        len(self._blocks[req_id]))
             start = self._stored.get(req_id, 0)
             if done > start:
-                hashes = list(request.block_hashes[start:done])
-                pages.append(StorePages(self._blocks[req_id][start:done], hashes))
-                self.store_index.add(hashes)
+                # Blocks another request saved already are skipped; the index learns new ones when they land.
+                new = [(b, h) for b, h in zip(self._blocks[req_id][start:done], request.block_hashes[start:done])
+                       if h not in self.store_index]
+                if new:
+                    pages.append(StorePages([b for b, _ in new], [h for _, h in new]))
                 self._stored[req_id] = done
         return pages
+
+    def update_connector_output(self, output: Any) -> None:
+        """Blocks whose saves landed on every TP rank (reported in the workers' stats) join the index."""
+        stats = getattr(output, "kv_connector_stats", None)
+        if self.store_index is None or not hasattr(stats, "take_saved"):
+            return
+        saved = stats.take_saved()
+        if self.tp_size == 1:
+            self.store_index.add(saved)
+            return
+        landed = []
+        for h in saved:
+            n = self._saved_ranks.pop(h, 0) + 1
+            if n == self.tp_size:
+                landed.append(h)
+            else:
+                self._saved_ranks[h] = n
+        while len(self._saved_ranks) > INDEX_LIMIT:  # a rank that never reports must not grow this forever
+            self._saved_ranks.pop(next(iter(self._saved_ranks)))
+        self.store_index.add(landed)
 
     def shutdown(self) -> None:
         self.side_channel.close()

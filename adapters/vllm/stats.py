@@ -20,15 +20,17 @@ _StatsBase, _PromBase = compat.connector_metrics()
 COUNTERS = (
     "transfers", "transfer_failures", "transfer_bytes",  # PD pulls (decode side)
     "store_hits", "store_misses", "store_load_bytes", "store_load_failures",  # store loads, in blocks
-    "store_saves", "store_save_bytes", "store_save_failures",  # store saves, in blocks
+    "store_saves", "store_save_bytes", "store_save_failures", "store_saves_skipped",  # store saves, in blocks
     "store_lookups", "store_lookup_blocks", "store_lookup_errors",  # scheduler asking a shared store
 )
 LATENCIES = ("transfer_seconds", "store_load_seconds", "store_lookup_seconds")
+# Block hashes whose store saves landed (worker -> scheduler index); taken out before vLLM logs the stats.
+SAVED = "store_saved"
 MB = 1 << 20
 
 
 def empty_data() -> dict[str, Any]:
-    return {**dict.fromkeys(COUNTERS, 0), **{k: [] for k in LATENCIES}}
+    return {**dict.fromkeys(COUNTERS, 0), **{k: [] for k in LATENCIES + (SAVED,)}}
 
 
 class PdsdkStats(_StatsBase):
@@ -38,22 +40,26 @@ class PdsdkStats(_StatsBase):
         full = empty_data()
         for k, v in (data or {}).items():
             if k in full:
-                full[k] = list(v) if k in LATENCIES else v
+                full[k] = list(v) if k in LATENCIES + (SAVED,) else v
         super().__init__(data=full)
 
     def reset(self) -> None:
         self.data = empty_data()
 
     def is_empty(self) -> bool:
-        return not any(self.data[k] for k in COUNTERS + LATENCIES)
+        return not any(self.data[k] for k in COUNTERS + LATENCIES + (SAVED,))
 
     def aggregate(self, other: Any) -> PdsdkStats:
         data = getattr(other, "data", None) or {}
         for k in COUNTERS:
             self.data[k] += data.get(k, 0)
-        for k in LATENCIES:
+        for k in LATENCIES + (SAVED,):
             self.data[k].extend(data.get(k, ()))
         return self
+
+    def take_saved(self) -> list[bytes]:
+        saved, self.data[SAVED] = self.data[SAVED], []
+        return saved
 
     def reduce(self) -> dict[str, int | float]:
         d = self.data
@@ -71,9 +77,10 @@ class PdsdkStats(_StatsBase):
                         "Store failed loads": d["store_load_failures"],
                         "Store loaded MB": round(d["store_load_bytes"] / MB, 3),
                         "Store avg load ms": _ms(sum(seconds) / len(seconds)) if seconds else 0})
-        if d["store_saves"] or d["store_save_failures"]:
+        if d["store_saves"] or d["store_save_failures"] or d["store_saves_skipped"]:
             out.update({"Store saved blocks": d["store_saves"], "Store saved MB": round(d["store_save_bytes"] / MB, 3),
-                        "Store failed saves": d["store_save_failures"]})
+                        "Store failed saves": d["store_save_failures"],
+                        "Store skipped blocks": d["store_saves_skipped"]})
         if d["store_lookups"] or d["store_lookup_errors"]:
             seconds = d["store_lookup_seconds"]
             out.update({"Store lookups": d["store_lookups"], "Store lookup hit blocks": d["store_lookup_blocks"],
@@ -107,6 +114,10 @@ class StatsRecorder:
         with self._lock:
             self._data[name].append(seconds)
 
+    def saved(self, hashes: list[bytes]) -> None:
+        with self._lock:
+            self._data[SAVED].extend(hashes)
+
     def take(self) -> PdsdkStats | None:
         """This interval's stats, or None when nothing happened (vLLM skips empty outputs)."""
         with self._lock:
@@ -132,6 +143,7 @@ if _PromBase is not None:
             "store_saves": "KV blocks saved to the pdsdk store",
             "store_save_bytes": "Bytes saved to the pdsdk store",
             "store_save_failures": "pdsdk store saves that raised",
+            "store_saves_skipped": "KV blocks not saved to the pdsdk store because its save path was full",
             "store_lookups": "Scheduler lookups in a shared pdsdk store",
             "store_lookup_blocks": "KV blocks found by scheduler lookups in a shared pdsdk store",
             "store_lookup_errors": "Scheduler lookups in a shared pdsdk store that failed or were too slow",

@@ -6,8 +6,8 @@ of the hashes its workers saved (it cannot see a worker's memory store) and, whe
 shared (anything but a process-local one), asks the store for the rest of the prefix, so engines
 sharing a store reuse each other's pages. A page the store has dropped since is a load error,
 which vLLM recomputes (`kv_load_failure_policy: recompute`).
-Loads run on a thread and finish asynchronously; saves copy the new blocks out during
-`wait_for_save` (a memcpy) and write them to the store on a thread, off the step.
+The data path itself (pinned pages, copy kernels on the connector's own streams, loads ahead of
+saves) is adapters/common/store_io.py; the scheduler's index learns a block only once its save landed.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
-
-import numpy as np
 
 from pdsdk.adapters.vllm.metadata import StorePages
 from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.connectors.stores.factory import open_store
 from pdsdk.connectors.stores.keys import KeySpace
-from pdsdk.connectors.transports.staging import pack_spans
 
 log = logging.getLogger(__name__)
 INDEX_LIMIT = 1 << 20  # hashes the scheduler remembers (LRU)
@@ -36,6 +33,9 @@ class StoreIndex:
     def __init__(self, limit: int = INDEX_LIMIT):
         self._hashes: OrderedDict[bytes, None] = OrderedDict()
         self._limit = limit
+
+    def __contains__(self, h: bytes) -> bool:
+        return h in self._hashes
 
     def hit_prefix(self, hashes: list[bytes]) -> int:
         n = 0
@@ -155,56 +155,34 @@ class StoreLookup:
 
 
 class StoreIO:
-    """Worker side: move whole blocks between the KV cache and the store."""
+    """Worker side: vLLM's blocks and hashes on the shared store data path (adapters/common/store_io.py).
+    Loads report when they end; saves report the hashes that landed (`take_saved`), which reach the
+    scheduler's index through the connector stats: a block is claimed only once its save has landed."""
 
     def __init__(self, spec: Any, keyspace: KeySpace, tensors: list[Any], geometry: list[list[int]],
                  stats: StatsRecorder | None = None):
+        from pdsdk.adapters.common.store_io import BlockLayout, StoreIO as PathIO
+
         self.store = open_store(spec)
         self.stats = stats or StatsRecorder()
         self.keyspace = keyspace
-        from pdsdk.adapters.vllm.pages import region_bytes
-        from pdsdk.connectors.transports.buffers import torch_view
-
-        self.views = [torch_view(t.data_ptr(), region_bytes(t), str(t.device)) for t in tensors]
-        self.geometry = geometry
-        self.page_bytes = sum(planes * block_bytes for planes, _, _, block_bytes in geometry)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pdsdk-store")
-        self._loads: dict[str, tuple[Future, list[int]]] = {}
-
-    def _spans(self, block_ids: list[int]) -> np.ndarray:
-        """Block-major spans: block b's bytes of every layer and plane, then the next block."""
-        rows = [(layer, plane * ps + b * bs, bb) for b in block_ids
-                for layer, (planes, ps, bs, bb) in enumerate(self.geometry) for plane in range(planes)]
-        return np.array(rows, dtype=np.int64).reshape(-1, 3)
-
-    def _flat(self, n: int) -> Any:
-        import torch
-
-        return torch.empty(n * self.page_bytes, dtype=torch.uint8, device=self.views[0].device)
+        first = tensors[0]
+        device = None if first.device.type == "cpu" else (first.device.index or 0)
+        layout = BlockLayout([t.data_ptr() for t in tensors], geometry, device)
+        self.page_bytes = layout.page_bytes
+        self.path = PathIO(self.store, layout, count=self.stats.add)
+        self._loads: dict[str, tuple[Future, list[int], float]] = {}
 
     # --- loads ---------------------------------------------------------------------------------
 
     def start_load(self, request_id: str, pages: StorePages) -> None:
-        self._loads[request_id] = (self._pool.submit(self._load, pages), pages.block_ids)
-
-    def _load(self, pages: StorePages) -> int:
-        """Blocks loaded, as a prefix of `pages` (a miss ends it)."""
-        start = time.monotonic()
-        flat = self._flat(len(pages.block_ids))
-        host = flat if flat.device.type == "cpu" else flat.cpu()
-        out = list(host.numpy().reshape(len(pages.block_ids), self.page_bytes))
-        hits = self.store.get(self.keyspace.keys(pages.block_hashes), out)
-        if hits:
-            if host is not flat:
-                flat.copy_(host)
-            pack_spans(self.views, self._spans(pages.block_ids[:hits]), flat, unpack=True)
-        self.stats.time("store_load_seconds", time.monotonic() - start)
-        return hits
+        future = self.path.load(pages.block_ids, self.keyspace.keys(pages.block_hashes))
+        self._loads[request_id] = (future, pages.block_ids, time.monotonic())
 
     def finished_loads(self) -> tuple[set[str], set[int]]:
         """Requests whose load ended, and the blocks that could not be loaded (for recompute)."""
         done, errors = set(), set()
-        for request_id, (future, blocks) in list(self._loads.items()):
+        for request_id, (future, blocks, start) in list(self._loads.items()):
             if not future.done():
                 continue
             del self._loads[request_id]
@@ -212,9 +190,10 @@ class StoreIO:
             try:
                 hits = future.result()
             except Exception as e:  # noqa: BLE001 - a store failure is a miss, recomputed by vLLM
-                log.error("pdsdk: store load for request %s failed: %s", request_id, e)
+                log.error("pdsdk: store load for request %s failed: %s: %s", request_id, type(e).__name__, e)
                 self.stats.add(store_load_failures=1)
                 hits = 0
+            self.stats.time("store_load_seconds", time.monotonic() - start)
             self.stats.add(store_hits=hits, store_misses=len(blocks) - hits, store_load_bytes=hits * self.page_bytes)
             if hits < len(blocks):
                 log.warning("pdsdk: store had %d of %d blocks for request %s; vLLM recomputes the rest",
@@ -225,24 +204,17 @@ class StoreIO:
     # --- saves ---------------------------------------------------------------------------------
 
     def save(self, pages: list[StorePages]) -> None:
-        """Copy the blocks out now (they are in place after this step's forward), store them later."""
+        """This step's new full blocks, in one batch: gathered now (on a GPU: queued on the save stream),
+        written to the store off the step."""
         block_ids = [b for p in pages for b in p.block_ids]
         hashes = [h for p in pages for h in p.block_hashes]
-        if not block_ids:
-            return
-        flat = self._flat(len(block_ids))
-        pack_spans(self.views, self._spans(block_ids), flat)
-        self._pool.submit(self._put, hashes, flat)
+        if block_ids:
+            self.path.save(block_ids, self.keyspace.keys(hashes), lambda stored: self._landed(hashes[:stored]))
 
-    def _put(self, hashes: list[bytes], flat: Any) -> None:
-        try:
-            host = flat.cpu().numpy().reshape(len(hashes), self.page_bytes)
-            stored = self.store.put(self.keyspace.keys(hashes), list(host))
-            self.stats.add(store_saves=stored, store_save_bytes=stored * self.page_bytes)
-        except Exception:  # noqa: BLE001 - a failed save is only a future miss
-            log.exception("pdsdk: store save of %d blocks failed", len(hashes))
-            self.stats.add(store_save_failures=1)
+    def _landed(self, hashes: list[bytes]) -> None:
+        self.stats.add(store_saves=len(hashes), store_save_bytes=len(hashes) * self.page_bytes)
+        self.stats.saved(hashes)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.path.close()
         self.store.close()

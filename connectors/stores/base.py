@@ -101,6 +101,53 @@ class StoreStats:
             return dict(self.counts)
 
 
+class Loan:
+    """Stored pages lent in place (no copy) until `close()`: `pages` are uint8 views, `addresses` their
+    host addresses (int64, for copy kernels; None when they cannot be given as one table)."""
+
+    def __init__(self, pages: list[Any], addresses: Any, release: Callable[[], None], pinned: bool = False):
+        self.pages, self.addresses, self.pinned = pages, addresses, pinned
+        self._release: Callable[[], None] | None = release
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Loan:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Reservation:
+    """Pages of a store's host pool handed out to be filled in place, then `commit`ted (or `cancel`led)."""
+
+    def __init__(self, store: Store, pool: Any, pages: Any):
+        self.store, self.pool, self.pages = store, pool, pages
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    @property
+    def addresses(self) -> Any:
+        return self.pool.addresses(self.pages)
+
+    @property
+    def pinned(self) -> bool:
+        return self.pool.pinned
+
+    def commit(self, keys: Sequence[bytes], hints: Hints | None = None) -> int:
+        return self.store.commit(self, keys, hints)
+
+    def cancel(self) -> None:
+        self.store.cancel(self)
+
+
 class Store(ABC):
     """A KV page store. Every method is thread-safe and never raises for a backend outage:
     an unreachable backend answers with misses and counts an error."""
@@ -130,6 +177,21 @@ class Store(ABC):
     @abstractmethod
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys; returns how many were present."""
+
+    # Zero-copy access for the store data path, where pages sit in this process's host memory.
+    def lend(self, keys: Sequence[bytes]) -> Loan | None:
+        """The hit prefix's pages in place (count a hit/miss as `get` does); None: this store only copies."""
+        return None
+
+    def reserve(self, page_bytes: int, n: int, protect: Sequence[bytes] = ()) -> Reservation | None:
+        """`n` host pages to fill in place and `commit` under keys; None: full, or this store only copies."""
+        return None
+
+    def commit(self, reservation: Reservation, keys: Sequence[bytes], hints: Hints | None = None) -> int:
+        raise NotImplementedError(f"{self.name} hands out no reservations")
+
+    def cancel(self, reservation: Reservation) -> None:
+        raise NotImplementedError(f"{self.name} hands out no reservations")
 
     def stats(self) -> dict[str, Any]:
         return {"store": self.name, **self._stats.snapshot()}

@@ -78,6 +78,14 @@ class TieredStore(Store):
         self._record_get(hits, len(keys), nbytes)
         return hits
 
+    def lend(self, keys: Sequence[bytes]):
+        """The first tier's prefix in place; the data path `get`s the rest (lower tiers, promoted)."""
+        return self.tiers[0].lend(keys)
+
+    def reserve(self, page_bytes: int, n: int, protect: Sequence[bytes] = ()):
+        """New pages go to the first tier, as `put` sends them; its evictions demote as usual."""
+        return self.tiers[0].reserve(page_bytes, n, protect)
+
     def contains(self, keys: Sequence[bytes]) -> int:
         return self._walk(keys, lambda i, pos: self.tiers[i].contains(keys[pos:]))
 

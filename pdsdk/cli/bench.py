@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench", "pdsdk.router.bench",
-           "pdsdk.adapters.vllm.bench", "pdsdk.matrix.bench")
+           "pdsdk.adapters.vllm.bench", "pdsdk.adapters.common.bench", "pdsdk.matrix.bench")
 
 
 def register(sub) -> None:
