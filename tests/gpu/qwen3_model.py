@@ -3,7 +3,7 @@
 `--load-format dummy` weights are so small that every logit is nearly equal, so greedy outputs are
 decided by rounding noise and a PD-vs-single comparison says nothing. These weights make the
 logits peaked (lm_head rows beyond the tokenizer's vocabulary are zero, so every generated id is one
-the tokenizer can print). Usage: python3 tests/gpu/qwen3_model.py OUT_DIR
+the tokenizer can print). Usage: python3 tests/gpu/qwen3_model.py OUT_DIR [--config-only]
 """
 
 import json
@@ -19,7 +19,7 @@ from pdsdk.tinymodel import make_tiny_model
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 36, 4096, 32, 8, 128, 12288, 151936
 
 
-def main(out: Path) -> None:
+def main(out: Path, config_only: bool = False) -> None:
     if (out / "done").exists():
         return
     start = time.time()
@@ -35,6 +35,9 @@ def main(out: Path) -> None:
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu", "attention_bias": False,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": eos, "eos_token_id": eos}, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    if config_only:  # for `--load-format dummy`: shape and tokenizer only
+        (out / "done").write_text("config only\n")
+        return
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def w(*shape, std=0.02):
@@ -65,4 +68,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), config_only="--config-only" in sys.argv[2:])

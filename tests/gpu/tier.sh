@@ -12,6 +12,8 @@
 # invariance: tests/gpu/invariance.py (vLLM's batch-invariant mode against the exact greedy check).
 # kv-events ENGINE: tests/gpu/kv_events_real.py (the kv_events policy over two real workers of ENGINE).
 # matrix ARGS...: `pdsdk matrix` on the GPUs (its GPU tier), the rest of the arguments passed on.
+# store-path: `pdsdk bench store-path` on GPU 0 for the memory and tiered stores (bytes verified).
+# store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores; agent load).
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,7 +38,7 @@ import importlib.metadata as m
 for p in ('vllm', 'sglang', 'nixl', 'mooncake-transfer-engine-cuda13', 'pdsdk', 'torch', 'transformers', 'redis'):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: pass")
-  (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$MODEL")
+  [ -n "${NO_WEIGHTS:-}" ] || (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$MODEL")
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
   (cd /tmp && python3 -m pdsdk doctor --json > "$OUT/doctor.json" 2>&1)
 }
@@ -94,6 +96,12 @@ while [ $# -gt 0 ]; do
     invariance) (cd /tmp && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/invariance.py" "$MODEL") \
       > "$OUT/invariance.log" 2>&1; tail -6 "$OUT/invariance.log"; shift ;;
     matrix) shift; step_matrix "$@"; break ;;
+    store-path) for store in memory '{"tiered":["memory",{"name":"disk","options":{"path":"/tmp/sp-disk"}}]}'; do
+        (cd /tmp && timeout 200 python3 -m pdsdk bench store-path --device cuda:0 --store "$store" --repeats 5 \
+          --json "$OUT/store-path-$(echo "$store" | head -c 6 | tr -dc a-z).json" 2>&1 | tail -9); done; shift ;;
+    store) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
+      && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/store_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
+      > "$OUT/store.log" 2>&1; grep -E "^(none|vllm-|pdsdk-)" "$OUT/store.log" || tail -20 "$OUT/store.log"; break ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake
-from pdsdk.adapters.vllm.stats import COUNTERS, LATENCIES, PdsdkPromMetrics, PdsdkStats, StatsRecorder
+from pdsdk.adapters.vllm.stats import COUNTERS, LATENCIES, SAVED, PdsdkPromMetrics, PdsdkStats, StatsRecorder
 from pdsdk.adapters.vllm.store_path import StoreLookup, lookup_only, shared_spec
 from pdsdk.config import load_config
 from pdsdk.connectors.stores.factory import open_store
@@ -48,7 +48,7 @@ def test_stats_aggregate_reduce_and_round_trip():
     # vLLM ships to_dict() between processes and rebuilds the object with build_kv_connector_stats.
     rebuilt = PdsdkConnector.build_kv_connector_stats(sb.to_dict())
     total = PdsdkConnector.build_kv_connector_stats(sa.to_dict()).aggregate(rebuilt)
-    assert set(total.data) == set(COUNTERS) | set(LATENCIES)
+    assert set(total.data) == set(COUNTERS) | set(LATENCIES) | {SAVED}
     assert total.data["transfers"] == 3 and total.data["transfer_failures"] == 1
     assert total.data["transfer_seconds"] == [0.010, 0.020, 0.030]
     r = total.reduce()
