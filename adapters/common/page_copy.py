@@ -78,7 +78,8 @@ def triton_usable(device: int) -> bool:
 def _run_kernel(dst: np.ndarray, src: np.ndarray, sizes: np.ndarray, device: int, programs: int) -> None:
     import torch
 
-    table = torch.from_numpy(np.stack([dst, src, sizes]).astype(np.int64, copy=False))
+    # From pinned memory: an upload from pageable memory would make the host wait for the stream.
+    table = torch.from_numpy(np.stack([dst, src, sizes]).astype(np.int64, copy=False)).pin_memory()
     table = table.to(f"cuda:{device}", non_blocking=True)
     _kernel()[(max(1, min(programs, len(dst))),)](table[0], table[1], table[2], len(dst), CHUNK=CHUNK_WORDS)
 

@@ -82,7 +82,10 @@ class StoreIO:
 
             from pdsdk.connectors.transports.staging import StagingBuffer
 
+            from pdsdk.adapters.common.page_copy import triton_usable
+
             self._torch = torch
+            triton_usable(self.device)  # compile the copy kernel now, not in the first step that saves
             self.gpu_staging = StagingBuffer(gpu_staging_bytes, f"cuda:{self.device}")
             self._load_stream = torch.cuda.Stream(self.device)
             self._save_stream = torch.cuda.Stream(self.device)

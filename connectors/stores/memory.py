@@ -39,15 +39,14 @@ class MemoryStore(Store):
         """`n` writable pages of `page_bytes` to fill, then `commit`; None when they do not fit."""
         with self._lock:
             pool = self._pool(page_bytes)
-            pages = pool.alloc(n)
-            demoted = []
-            if pages is None:
+        pages = pool.alloc(n)  # may allocate memory: not under the store's lock, which loads take
+        victims, held, demoted = [], [], []
+        if pages is None:
+            with self._lock:
                 need = (n - pool.free_pages) * page_bytes
                 victims = self._retention.victims(need, set(protect))
                 held = [(v, self._pages.pop(v.key)) for v in victims if v.key in self._pages]
                 demoted = [(v.key, p, v.hints) for v, p in held if v.hints is not None]
-            else:
-                victims, held = [], []
         self._report_evictions(victims)
         if self._demote is not None:
             for key, (p, page), hints in demoted:

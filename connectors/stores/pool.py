@@ -39,7 +39,9 @@ class PagePool:
         self._owners: list[Any] = []  # what keeps each chunk's memory alive (numpy or pinned torch)
         self._bases = np.zeros(0, dtype=np.int64)
         self._free: list[int] = []
+        self._growing = 0  # pages of a chunk being allocated outside the lock
         self._lock = threading.Lock()
+        self._grown = threading.Condition(self._lock)
 
     @property
     def allocated(self) -> int:
@@ -48,41 +50,70 @@ class PagePool:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free) + max(0, self.capacity - self.allocated)
+        return len(self._free) + max(0, self.capacity - self.allocated - self._growing)
 
     def alloc(self, n: int) -> np.ndarray | None:
-        """`n` page ids, or None when the pool cannot hold `n` more pages."""
-        with self._lock:
-            while len(self._free) < n and self.allocated < self.capacity:
-                self._grow()
-            if len(self._free) < n:
-                return None
-            taken = self._free[-n:] if n else []
-            del self._free[len(self._free) - n:]
+        """`n` page ids, or None when the pool cannot hold `n` more pages. New memory is allocated (and
+        pinned: ~0.3 s per GiB) outside the lock, one chunk ahead on a thread: frees never wait for it, and
+        an allocation waits only when it needs the chunk on its way."""
+        while True:
+            with self._lock:
+                if len(self._free) >= n:
+                    taken = self._free[len(self._free) - n:]
+                    del self._free[len(self._free) - n:]
+                    ahead = self._grow_pages() if len(self._free) < self.chunk_pages // 2 else 0
+                    break
+                if self._growing:  # a chunk is on its way: wait for it rather than report the pool full
+                    self._grown.wait()
+                    continue
+                pages = self._grow_pages()
+                if not pages:
+                    return None
+            self._grow(pages)
+        if ahead:
+            threading.Thread(target=self._grow, args=(ahead,), name="pdsdk-pool-grow", daemon=True).start()
         return np.asarray(taken, dtype=np.int64)
 
     def free(self, pages: Any) -> None:
         with self._lock:
             self._free.extend(int(p) for p in pages)
 
-    def _grow(self) -> None:
+    def _grow_pages(self) -> int:
+        """Pages of the next chunk, counted as growing (caller holds the lock); 0 at capacity or while
+        another chunk is on its way."""
+        if self._growing:
+            return 0
         pages = min(self.chunk_pages, self.capacity - self.allocated)  # the last chunk may be shorter
+        self._growing = max(pages, 0)
+        return self._growing
+
+    def _chunk(self, pages: int) -> tuple[Any, np.ndarray]:
         nbytes = pages * self.page_bytes
         if self.pinned:
             import torch
 
             owner = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-            raw = owner.numpy()
-        else:
-            owner = np.empty(nbytes + ALIGN, dtype=np.uint8)
-            start = (-owner.ctypes.data) % ALIGN  # page-aligned: faster copies
-            raw = owner[start:start + nbytes]
-        first = len(self._chunks) * self.chunk_pages
-        self._owners.append(owner)
-        self._chunks.append(raw.reshape(pages, self.page_bytes))
-        self._bases = np.append(self._bases, raw.ctypes.data)
-        # Lowest ids on top of the stack: a fresh pool hands out consecutive pages (long copy runs).
-        self._free.extend(range(first + pages - 1, first - 1, -1))
+            return owner, owner.numpy()
+        owner = np.empty(nbytes + ALIGN, dtype=np.uint8)
+        start = (-owner.ctypes.data) % ALIGN  # page-aligned: faster copies
+        return owner, owner[start:start + nbytes]
+
+    def _grow(self, pages: int) -> None:
+        chunk = None
+        try:
+            chunk = self._chunk(pages)
+        finally:  # a failed allocation (out of memory) must not leave waiters behind
+            with self._lock:
+                if chunk is not None:
+                    owner, raw = chunk
+                    first = len(self._chunks) * self.chunk_pages
+                    self._owners.append(owner)
+                    self._chunks.append(raw.reshape(pages, self.page_bytes))
+                    self._bases = np.append(self._bases, raw.ctypes.data)
+                    # Lowest ids on top of the stack: a fresh pool hands out consecutive pages (long copy runs).
+                    self._free.extend(range(first + pages - 1, first - 1, -1))
+                self._growing = 0
+                self._grown.notify_all()
 
     def view(self, page: int) -> np.ndarray:
         """The page's bytes (a writable uint8 view, no copy)."""

@@ -35,7 +35,9 @@ def main(out: Path, config_only: bool = False) -> None:
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu", "attention_bias": False,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": eos, "eos_token_id": eos}, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    if config_only:  # for `--load-format dummy`: shape and tokenizer only
+    if config_only:  # `--load-format dummy`: every id printable, so the vocabulary is the tokenizer's (KV unchanged)
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, "vocab_size": tok_vocab}, indent=2))
         (out / "done").write_text("config only\n")
         return
     g = torch.Generator(device="cuda").manual_seed(0)
