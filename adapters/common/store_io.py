@@ -73,6 +73,9 @@ class StoreIO:
         self.device = layout.device
         self.count = count or (lambda **kw: None)  # count(store_saves_skipped=1, ...)
         self.staging = PagePool(layout.page_bytes, host_staging_bytes, pinned=self.device is not None)
+        if self.device is not None:  # pin host memory before serving, as vLLM's own offload does
+            store.prepare(layout.page_bytes)
+            self.staging.fill()
         self._load_pool = ThreadPoolExecutor(1, thread_name_prefix="pdsdk-store-load")
         self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="pdsdk-store-save")
         self._saves_queued = 0

@@ -178,6 +178,10 @@ class Store(ABC):
     def delete(self, keys: Sequence[bytes]) -> int:
         """Remove keys; returns how many were present."""
 
+    def prepare(self, page_bytes: int) -> None:
+        """Allocate now what pages of `page_bytes` need (at an engine's start-up), not while serving:
+        pinning host memory holds the GPU driver's lock, stalling the engine's kernel launches."""
+
     # Zero-copy access for the store data path, where pages sit in this process's host memory.
     def lend(self, keys: Sequence[bytes]) -> Loan | None:
         """The hit prefix's pages in place (count a hit/miss as `get` does); None: this store only copies."""

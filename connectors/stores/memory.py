@@ -35,6 +35,11 @@ class MemoryStore(Store):
 
     # --- zero-copy API (the store data path) -------------------------------------------------------
 
+    def prepare(self, page_bytes: int) -> None:
+        with self._lock:
+            pool = self._pool(page_bytes)
+        pool.fill()
+
     def reserve(self, page_bytes: int, n: int, protect: Sequence[bytes] = ()) -> Reservation | None:
         """`n` writable pages of `page_bytes` to fill, then `commit`; None when they do not fit."""
         with self._lock:

@@ -74,6 +74,17 @@ class PagePool:
             threading.Thread(target=self._grow, args=(ahead,), name="pdsdk-pool-grow", daemon=True).start()
         return np.asarray(taken, dtype=np.int64)
 
+    def fill(self) -> None:
+        """Allocate the whole capacity now (pinned memory is best taken before serving starts)."""
+        while True:
+            with self._lock:
+                while self._growing:
+                    self._grown.wait()
+                pages = self._grow_pages()
+            if not pages:
+                return
+            self._grow(pages)
+
     def free(self, pages: Any) -> None:
         with self._lock:
             self._free.extend(int(p) for p in pages)

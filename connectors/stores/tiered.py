@@ -78,6 +78,10 @@ class TieredStore(Store):
         self._record_get(hits, len(keys), nbytes)
         return hits
 
+    def prepare(self, page_bytes: int) -> None:
+        for tier in self.tiers:
+            tier.prepare(page_bytes)
+
     def lend(self, keys: Sequence[bytes]):
         """The first tier's prefix in place; the data path `get`s the rest (lower tiers, promoted)."""
         return self.tiers[0].lend(keys)
