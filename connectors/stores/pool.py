@@ -61,7 +61,7 @@ class PagePool:
                 if len(self._free) >= n:
                     taken = self._free[len(self._free) - n:]
                     del self._free[len(self._free) - n:]
-                    ahead = self._grow_pages() if len(self._free) < self.chunk_pages // 2 else 0
+                    ahead = self._grow_pages() if self.pinned and len(self._free) < self.chunk_pages // 2 else 0
                     break
                 if self._growing:  # a chunk is on its way: wait for it rather than report the pool full
                     self._grown.wait()
