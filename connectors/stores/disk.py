@@ -12,14 +12,14 @@ The index (key -> segment, offset) is in memory, rebuilt on open by reading the 
 oldest segment first, so a reopened store finds its pages in roughly their LRU order.
 
 Crash safety, without fsync: a record is written before the index points at it, and segments
-are append-only. A crash mid-append leaves a torn tail; the scan on open stops at the first record
-that is short or whose header fails its checksum, logs it and cuts the segment there. Every read
-checks the payload's checksum (and the header and key): a damaged or truncated record is a miss
-plus a log line and is dropped, never wrong bytes.
+are append-only. A crash mid-append leaves a torn tail, which the scan on open cuts off; a record
+whose header fails its checksum elsewhere is stepped over to the next intact header (that record
+only is lost). Every read checks the payload's checksum (and the header and key): a damaged or
+truncated record is a miss plus a log line and is dropped, never wrong bytes.
 
 Delete and eviction set the record's state byte to dead in place (it is outside the header
-checksum), so a reopened store does not bring them back; a segment left with no live record is
-unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
+checksum, and no flip of a few bits makes a dead byte live), so a reopened store does not bring
+them back; a segment left with no live record is unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
 evicts pages in retention.py's order (expired, keep=False, low priority, LRU; never pinned ones),
 then reclaims dead space: empty segments go at once, others are compacted, those with the largest
 dead share first (live records read, the segment unlinked, the records appended again; a crash in
