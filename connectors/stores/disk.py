@@ -424,9 +424,9 @@ class DiskStore(Store):
         return BAD
 
     def _drop_bad(self, bad: list) -> None:
-        """Drop damaged records. A record whose bytes are all there gets a fresh dead header, so
-        that a later scan can step over it; a segment cut short loses every record from the
-        first one past its end, and is cut there too (appends go on from a record boundary)."""
+        """Drop damaged records. A segment file cut short loses every record from the first one
+        past its end, and is cut at a record boundary (appends go on from one); a record whose
+        bytes are all there gets a fresh dead header, so that a later scan can step over it."""
         with self._wlock, self._lock:  # _wlock: a put may be appending to that segment
             for key, rec in bad:
                 if self._index.get(key) is not rec:
@@ -437,23 +437,30 @@ class DiskStore(Store):
                 except OSError:
                     size = seg.size
                 if size < seg.size:
-                    cut = min(r.off for r in seg.recs.values() if r.off + r.size > size)
-                    for k, r in list(seg.recs.items()):
-                        if r.off >= cut:
-                            self._forget(k)
-                    if not seg.retired:
-                        try:
-                            os.ftruncate(seg.fd, cut)
-                        except OSError:
-                            cut = size
-                            if seg is self._active:
-                                self._active = None  # nothing more goes after the torn record
-                        self._disk -= seg.size - cut
-                        seg.size = cut
-                elif self._index.get(key) is rec:
+                    self._cut(seg, size)
+                if self._index.get(key) is rec:
                     self._forget(key)
                     if not seg.retired:
                         bury(rec, key, self.name)
+
+    def _cut(self, seg: Segment, size: int) -> None:
+        """(both locks held) Cut a segment whose file is now `size` bytes at the last record
+        boundary before its end, dropping the records past it."""
+        past = [r.off for r in seg.recs.values() if r.off + r.size > size]
+        cut = min(past) if past else max((r.off + r.size for r in seg.recs.values()), default=0)
+        for k, r in list(seg.recs.items()):
+            if r.off >= cut:
+                self._forget(k)
+        if seg.retired:
+            return
+        try:
+            os.ftruncate(seg.fd, cut)
+        except OSError:
+            cut = size
+            if seg is self._active:
+                self._active = None  # nothing more goes after the torn record
+        self._disk -= seg.size - cut
+        seg.size = cut
 
     # -- the rest -------------------------------------------------------------------------------
     def contains(self, keys: Sequence[bytes]) -> int:
