@@ -148,7 +148,7 @@ class MooncakeStore(Store):
             self._check(got)
             for i, n in enumerate(got):
                 head = heads[i * HEADER_SIZE:(i + 1) * HEADER_SIZE]
-                why = flaw(bytes(keys[i]), head, views[i]) if n == HEADER_SIZE + len(views[i]) else \
+                why = flaw(bytes(keys[i]), head, views[i], len(views[i])) if n == HEADER_SIZE + len(views[i]) else \
                     self._size_flaw(names[i], n, HEADER_SIZE + len(views[i]))
                 if why is not None:
                     log.warning("%s: page %s %s; treated as a miss and deleted", self.name, names[i], why)

@@ -9,9 +9,9 @@ page gets an expiry (its ttl_s, else `default_ttl_s`) except pinned pages withou
 server never evicts those. Priority and keep=False are not enforced here (the server's LRU is).
 
 Values are remote_record.py's records: a header (length, checksum) before the page. `get` reads at
-most one byte more than the buffer holds and checks the record; `contains` checks that the key
-holds a string whose length is the one its header declares. A bad value (wrong type, length or
-checksum) is a miss for both, and `get` deletes it and counts an error.
+most one byte more than the buffer holds and checks the record (a page exactly the buffer's size);
+`contains` checks that the key holds a string whose length is the one its header declares. A bad
+value (wrong type, length or checksum) is a miss for both, and `get` deletes it and counts an error.
 """
 
 from __future__ import annotations
@@ -102,12 +102,8 @@ class RedisStore(Store):
         for key, value, view in zip(keys, values, views):
             if value == b"":  # absent
                 break
-            length = declared_length(value) if isinstance(value, bytes) else None
-            if length is not None and length > len(view) and len(value) > HEADER_SIZE + len(view):
-                log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, length, len(view))
-                break
             payload = memoryview(value)[HEADER_SIZE:] if isinstance(value, bytes) else b""
-            why = f"holds no string ({value})" if isinstance(value, Exception) else flaw(key, value, payload)
+            why = f"holds no string ({value})" if isinstance(value, Exception) else flaw(key, value, payload, len(view))
             if why is not None:
                 self._drop_bad(key, why)
                 break

@@ -4,8 +4,9 @@
 The checksum is xxh3-64 of the payload, seeded with xxh3-64 of the store key, so a value under
 another key fails too. xxh3 costs about 0.03 ms per 2 MiB page here (the block sums of the disk
 store 0.07, zlib's CRC-32 0.36, blake2b 1.5), well under the page's network time.
-A value that is too short, of another length than its header says, of another version, or whose
-checksum fails is bad: the store answers a miss, deletes it and counts an error.
+A value that is not an intact page of exactly the buffer's size (too short or long, of another
+length than its header says, of another version, or failing its checksum) is bad: the store
+answers a miss, deletes it and counts an error.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ def declared_length(header) -> int | None:
     return length if magic == MAGIC and version == VERSION else None
 
 
-def flaw(key: bytes, header, payload) -> str | None:
-    """Why a stored value (its header and the payload that followed it) is bad; None when intact."""
-    length = declared_length(header)
+def flaw(key: bytes, header, payload, want: int) -> str | None:
+    """Why a stored value (its header and the payload that followed it) is not an intact page of
+    `want` bytes (the buffer's size: a key space has one page size); None when it is."""
+    length, stored = declared_length(header), memoryview(payload).nbytes
     if length is None:
         return "not a pdsdk page record (bad magic or version)"
-    if length != memoryview(payload).nbytes:
-        return f"{memoryview(payload).nbytes} payload bytes where the header says {length}"
+    if length != stored or length != want:
+        return f"holds {stored} payload bytes, {length} by its header, for a {want}-byte page"
     if HEADER.unpack_from(header)[3] != _digest(key, payload):
         return "fails its checksum"
     return None

@@ -70,13 +70,12 @@ def test_redis_value_from_another_key_fails_its_checksum(redis_store):
     assert read_pages(s, ks, PAGE) == (1, ps[:1])
 
 
-def test_redis_page_larger_than_the_buffer_is_a_miss_not_fetched_whole(redis_store):
+def test_redis_page_of_another_size_is_bad_and_not_fetched_whole(redis_store):
     s = redis_store
     ks = keys(1, "big")
-    s.put(ks, [os.urandom(8 * PAGE)])
-    assert read_pages(s, ks, PAGE) == (0, [])
-    assert s.contains(ks) == 1  # a good page, for a larger buffer: kept
-    assert read_pages(s, ks, 8 * PAGE)[0] == 1
+    s.put(ks, [os.urandom(64 * PAGE)])
+    assert read_pages(s, ks, PAGE) == (0, []) and s.stats()["errors"] == 1
+    assert s.stats()["bytes_out"] == 0 and s.contains(ks) == 0  # deleted: a key space has one page size
 
 
 @pytest.fixture
