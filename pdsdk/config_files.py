@@ -56,7 +56,7 @@ def read_file(path_text: str) -> Any:
         return parse_json(text, where)
     try:
         if suffix in (".yaml", ".yml"):
-            return _bounded(yaml.load(text, Loader=_Loader), where) or {}  # noqa: S506 - a SafeLoader
+            return _bounded(yaml.load(text, Loader=_Loader), where) or {}  # _Loader is a SafeLoader
         if suffix == ".toml":
             return _bounded(tomllib.loads(text), where)
     except yaml.YAMLError as e:
