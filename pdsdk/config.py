@@ -4,30 +4,28 @@ and the CLI.
 Accepted forms: a dict, a JSON string, or `@path` to a JSON, YAML or TOML file. Shorthands:
 ``"transport": "nixl"`` or ``{"name": "nixl", "options": {...}}``; ``"store": "memory"``,
 ``{"name": "redis", "options": {...}}``, ``{"tiered": ["memory", "disk"]}`` or ``null``.
-Errors name the field, the bad value and the valid choices.
+Errors name the field, the bad value and the valid choices. Text and files are read as hostile
+input (config_files.py); plugin options are checked against what the plugin takes (config_options.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
+import reprlib
 import typing
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-import yaml
 
+from pdsdk.config_files import check_depth, parse_json, read_file
+from pdsdk.config_options import check_options
 from pdsdk.errors import ConfigError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 FAILURE_POLICIES = ("recompute", "fail")
 _NONE = (None, "none", "")
+# A duration: positive and finite (NaN fails `gt`, Infinity and 1e999 fail `le`); at most ~31 years.
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=1e9)]
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -46,16 +44,16 @@ class StoreSpec(_Strict):
 
 
 class Timeouts(_Strict):
-    connect_s: float = 10.0  # handshake with a new peer
-    transfer_s: float = 30.0  # one transfer, post to completion; past it the transfer fails
-    lease_s: float = 120.0  # how long prefill keeps pages for a decode that has not read them
+    connect_s: Seconds = 10.0  # handshake with a new peer
+    transfer_s: Seconds = 30.0  # one transfer, post to completion; past it the transfer fails
+    lease_s: Seconds = 120.0  # how long prefill keeps pages for a decode that has not read them
 
 
 class Retention(_Strict):
     """Default L6 hints for pages this worker stores; requests may override them."""
 
-    priority: int = 0  # higher survives longer under pressure
-    ttl_s: float | None = None  # None: until evicted
+    priority: Annotated[int, msgspec.Meta(ge=-32768, le=32767)] = 0  # higher survives longer under pressure
+    ttl_s: Seconds | None = None  # None: until evicted
     pin: bool = False  # pinned pages survive pressure until ttl_s ends
 
 
@@ -83,9 +81,10 @@ def load_config(source: str | dict | PdsdkConfig | None = None, *, check_plugins
     elif isinstance(source, dict):
         raw = source
     elif isinstance(source, str):
-        raw = _read_file(source[1:]) if source.startswith("@") else _parse_json(source, "config")
+        raw = read_file(source[1:]) if source.startswith("@") else parse_json(source, "config")
     else:
         raise ConfigError("config", f"expected a dict, a JSON string or @path, got {type(source).__name__}")
+    check_depth(raw, "config")
     if not isinstance(raw, dict):
         raise ConfigError("config", f"must be an object (mapping), got {type(raw).__name__}")
     raw = dict(raw)
@@ -96,40 +95,9 @@ def load_config(source: str | dict | PdsdkConfig | None = None, *, check_plugins
     try:
         cfg = msgspec.convert(raw, PdsdkConfig)
     except msgspec.ValidationError as e:
-        raise _translate(e) from None
+        raise _translate(e, raw) from None
     _check(cfg, check_plugins)
     return cfg
-
-
-def _parse_json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(what, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-
-
-def _read_file(path_text: str) -> Any:
-    path = Path(path_text).expanduser()
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError("config", f"cannot read config file {str(path)!r}: {e.strerror}") from None
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            raise ConfigError(str(path), f"malformed YAML{where}: {getattr(e, 'problem', e)}") from None
-    if suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(str(path), f"malformed TOML: {e}") from None
-    if suffix in (".json", ""):
-        return _parse_json(text, str(path))
-    raise ConfigError(str(path), f"unknown config file type {suffix!r}; use .json, .yaml, .yml or .toml")
 
 
 def _expand_plugin(value: Any, field: str) -> Any:
@@ -143,7 +111,7 @@ def _expand_store(value: Any, field: str) -> Any:
     if isinstance(value, dict) and "tiered" in value:
         tiers = value["tiered"]
         if not isinstance(tiers, list) or not tiers:
-            raise ConfigError(f"{field}.tiered", f"must be a non-empty list of stores, got {tiers!r}")
+            raise ConfigError(f"{field}.tiered", f"must be a non-empty list of stores, got {reprlib.repr(tiers)}")
         rest = {k: v for k, v in value.items() if k != "tiered"}
         if set(rest) - {"options"}:
             raise ConfigError(field, f"a tiered store takes only 'tiered' and 'options', got {sorted(rest)}")
@@ -152,8 +120,9 @@ def _expand_store(value: Any, field: str) -> Any:
     return value
 
 
-def _translate(e: msgspec.ValidationError) -> ConfigError:
-    """Turn msgspec's "... - at `$.a.b`" into a ConfigError naming the field and valid choices."""
+def _translate(e: msgspec.ValidationError, raw: dict) -> ConfigError:
+    """Turn msgspec's "... - at `$.a.b`" into a ConfigError naming the field, its value and the
+    valid choices."""
     message = str(e)
     match = re.search(r" - at `\$(.*)`$", message)
     path = match.group(1).lstrip(".") if match else ""
@@ -162,9 +131,22 @@ def _translate(e: msgspec.ValidationError) -> ConfigError:
     if unknown:
         struct = _struct_at(path)
         valid = ", ".join(f.name for f in msgspec.structs.fields(struct)) if struct else "?"
-        name = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-        return ConfigError(name, f"unknown field {unknown.group(1)!r}; valid fields here: {valid}")
-    return ConfigError(path or "config", message)
+        field = reprlib.repr(unknown.group(1))[1:-1]
+        return ConfigError(f"{path}.{field}" if path else field, f"unknown field {field!r}; valid fields here: {valid}")
+    value = _value_at(raw, path)
+    return ConfigError(path or "config", message if value is _NOTHING else f"{message}: {reprlib.repr(value)}")
+
+
+_NOTHING = object()
+
+
+def _value_at(raw: Any, path: str) -> Any:
+    for part in filter(None, re.split(r"\.|\[(\d+)\]", path)):
+        try:
+            raw = raw[int(part)] if isinstance(raw, list) else raw[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return _NOTHING
+    return raw
 
 
 def _struct_at(path: str) -> type | None:
@@ -187,21 +169,22 @@ def _struct_in(t: Any) -> type | None:
 def _check(cfg: PdsdkConfig, check_plugins: bool) -> None:
     if cfg.failure_policy not in FAILURE_POLICIES:
         raise ConfigError("failure_policy",
-                          f"unknown policy {cfg.failure_policy!r}; valid: {', '.join(FAILURE_POLICIES)}")
-    for name in ("connect_s", "transfer_s", "lease_s"):
-        if getattr(cfg.timeouts, name) <= 0:
-            raise ConfigError(f"timeouts.{name}", f"must be > 0 seconds, got {getattr(cfg.timeouts, name)!r}")
-    if cfg.retention.ttl_s is not None and cfg.retention.ttl_s <= 0:
-        raise ConfigError("retention.ttl_s", f"must be > 0 seconds or null, got {cfg.retention.ttl_s!r}")
+                          f"unknown policy {reprlib.repr(cfg.failure_policy)}; valid: {', '.join(FAILURE_POLICIES)}")
     _check_store_shape(cfg.store, "store")
     if check_plugins:
         from pdsdk.plugins import registry
 
         reg = registry()
-        if cfg.transport is not None:
-            reg.get("transport", cfg.transport.name, "transport")
-        for field, spec in _walk_stores(cfg.store, "store"):
-            reg.get("store", spec.name, field)
+        plugins = [("transport", "transport", cfg.transport)] if cfg.transport is not None else []
+        plugins += [("store", field, spec) for field, spec in _walk_stores(cfg.store, "store")]
+        for kind, field, spec in plugins:
+            plugin = reg.get(kind, spec.name, field)
+            if plugin.why_not is None:
+                try:
+                    factory = plugin.load()
+                except Exception:  # noqa: BLE001 - the plugin's own error comes when it is built
+                    continue
+                check_options(factory, spec.options, field)
 
 
 def _check_store_shape(spec: StoreSpec | None, field: str) -> None:

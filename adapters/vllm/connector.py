@@ -18,7 +18,7 @@ from pdsdk.config import load_config
 
 log = logging.getLogger(__name__)
 # kv_connector_extra_config keys that belong to this adapter rather than to the pdsdk config.
-ADAPTER_KEYS = ("side_channel_port",)
+ADAPTER_KEYS = ("side_channel_port", "side_channel_secret")
 
 
 class PdsdkConnector(KVConnectorBase_V1):

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from pdsdk.adapters.side_channel import SideChannelServer
+from pdsdk.adapters.side_channel import SECRET_KEY, Entry, SideChannelServer, secret_from
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive, StorePages
 from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.adapters.vllm.store_path import INDEX_LIMIT, StoreIndex, StoreLookup, shared_spec
@@ -34,7 +34,8 @@ class SchedulerSide:
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.block_size = vllm_config.cache_config.block_size
         self.host = compat.engine_host()
-        self.side_channel = SideChannelServer(self.host, int(kv.get_from_extra_config("side_channel_port", 0)))
+        self.side_channel = SideChannelServer(self.host, int(kv.get_from_extra_config("side_channel_port", 0)),
+                                              secret_from(kv.get_from_extra_config(SECRET_KEY, None)))
         self._receive: dict[str, Receive] = {}
         self._send: dict[str, float] = {}
         # Store path: what the workers saved, and per request what is loaded or saved so far.
@@ -57,9 +58,9 @@ class SchedulerSide:
     def set_handshakes(self, metadata: dict[int, PdsdkHandshake]) -> None:
         for rank, meta in metadata.items():
             if meta.descriptor:
-                self.side_channel.entries[rank] = {"descriptor": meta.descriptor, "geometry": meta.geometry,
-                                                   "heads": getattr(meta, "heads", None),
-                                                   "tp_rank": rank, "engine_id": self.engine_id}
+                self.side_channel.entries[rank] = Entry(descriptor=meta.descriptor, geometry=meta.geometry,
+                                                        heads=getattr(meta, "heads", None), tp_rank=rank,
+                                                        engine_id=self.engine_id)
         if self.side_channel.entries:
             log.info("pdsdk: side channel %s:%d serves %d worker(s)", self.host, self.side_channel.port,
                      len(self.side_channel.entries))

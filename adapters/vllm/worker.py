@@ -8,6 +8,7 @@ has read or whose lease ran out (prefill). Failures become load errors for vLLM 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from pdsdk.adapters.side_channel import SECRET_KEY, fetch, secret_from
 from pdsdk.adapters.vllm.metadata import PdsdkHandshake, PdsdkMetadata, Receive
 from pdsdk.adapters.vllm.pages import (READ_NOTE, ReadTracker, block_geometry, block_spans, head_geometry, read_note,
                                        region_bytes)
@@ -45,7 +47,8 @@ class WorkerSide:
         self._views: list[Any] = []
         self.layout: KVLayout | None = None
         self.heads: list[HeadGeometry] | str = "KV caches not registered"  # per layer, or why heads can't be sliced
-        self.peers = Peers(config.timeouts.connect_s)
+        secret = secret_from(vllm_config.kv_transfer_config.get_from_extra_config(SECRET_KEY, None))
+        self.peers = Peers(config.timeouts.connect_s, functools.partial(fetch, secret=secret))
         self._waiting: dict[str, Receive] = {}  # requests whose prefill ranks have not answered yet
         # request -> (handles, blocks, bytes, start, failed): one handle per prefill rank read
         self._loading: dict[str, tuple[list[int], list[int], int, float, bool]] = {}

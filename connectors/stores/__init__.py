@@ -8,9 +8,9 @@ BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
                "pages in process RAM, byte-bounded, hint-aware LRU"),
     "disk": ("pdsdk.connectors.stores.disk:DiskStore", None, (),
              "pages appended to segment files under a directory, checksummed, survives restarts"),
-    "redis": ("pdsdk.connectors.stores.redis_store:RedisStore", "redis", ("redis",),
+    "redis": ("pdsdk.connectors.stores.redis_store:RedisStore", "redis", ("redis", "xxhash"),
               "a shared redis-server; pipelined batches, misses and backoff on outages"),
-    "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake",),
+    "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake", "xxhash"),
                  "Mooncake Store: a distributed pool with mooncake_master"),
     # requires=(): the store also works through a worker in another venv (.venv/lmcache), so
     # LMCache need not be importable here; the store says at construction if it is nowhere.

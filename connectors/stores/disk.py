@@ -12,14 +12,14 @@ The index (key -> segment, offset) is in memory, rebuilt on open by reading the 
 oldest segment first, so a reopened store finds its pages in roughly their LRU order.
 
 Crash safety, without fsync: a record is written before the index points at it, and segments
-are append-only. A crash mid-append leaves a torn tail; the scan on open stops at the first record
-that is short or whose header fails its checksum, logs it and cuts the segment there. Every read
-checks the payload's checksum (and the header and key): a damaged or truncated record is a miss
-plus a log line and is dropped, never wrong bytes.
+are append-only. A crash mid-append leaves a torn tail, which the scan on open cuts off; a record
+whose header fails its checksum elsewhere is stepped over to the next intact header (that record
+only is lost). Every read checks the payload's checksum (and the header and key): a damaged or
+truncated record is a miss plus a log line and is dropped, never wrong bytes.
 
 Delete and eviction set the record's state byte to dead in place (it is outside the header
-checksum), so a reopened store does not bring them back; a segment left with no live record is
-unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
+checksum, and no flip of a few bits makes a dead byte live), so a reopened store does not bring
+them back; a segment left with no live record is unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
 evicts pages in retention.py's order (expired, keep=False, low priority, LRU; never pinned ones),
 then reclaims dead space: empty segments go at once, others are compacted, those with the largest
 dead share first (live records read, the segment unlinked, the records appended again; a crash in
@@ -424,9 +424,9 @@ class DiskStore(Store):
         return BAD
 
     def _drop_bad(self, bad: list) -> None:
-        """Drop damaged records. A record whose bytes are all there gets a fresh dead header, so
-        that a later scan can step over it; a segment cut short loses every record from the
-        first one past its end, and is cut there too (appends go on from a record boundary)."""
+        """Drop damaged records. A segment file cut short loses every record from the first one
+        past its end, and is cut at a record boundary (appends go on from one); a record whose
+        bytes are all there gets a fresh dead header, so that a later scan can step over it."""
         with self._wlock, self._lock:  # _wlock: a put may be appending to that segment
             for key, rec in bad:
                 if self._index.get(key) is not rec:
@@ -437,23 +437,30 @@ class DiskStore(Store):
                 except OSError:
                     size = seg.size
                 if size < seg.size:
-                    cut = min(r.off for r in seg.recs.values() if r.off + r.size > size)
-                    for k, r in list(seg.recs.items()):
-                        if r.off >= cut:
-                            self._forget(k)
-                    if not seg.retired:
-                        try:
-                            os.ftruncate(seg.fd, cut)
-                        except OSError:
-                            cut = size
-                            if seg is self._active:
-                                self._active = None  # nothing more goes after the torn record
-                        self._disk -= seg.size - cut
-                        seg.size = cut
-                elif self._index.get(key) is rec:
+                    self._cut(seg, size)
+                if self._index.get(key) is rec:
                     self._forget(key)
                     if not seg.retired:
                         bury(rec, key, self.name)
+
+    def _cut(self, seg: Segment, size: int) -> None:
+        """(both locks held) Cut a segment whose file is now `size` bytes at the last record
+        boundary before its end, dropping the records past it."""
+        past = [r.off for r in seg.recs.values() if r.off + r.size > size]
+        cut = min(past) if past else max((r.off + r.size for r in seg.recs.values()), default=0)
+        for k, r in list(seg.recs.items()):
+            if r.off >= cut:
+                self._forget(k)
+        if seg.retired:
+            return
+        try:
+            os.ftruncate(seg.fd, cut)
+        except OSError:
+            cut = size
+            if seg is self._active:
+                self._active = None  # nothing more goes after the torn record
+        self._disk -= seg.size - cut
+        seg.size = cut
 
     # -- the rest -------------------------------------------------------------------------------
     def contains(self, keys: Sequence[bytes]) -> int:

@@ -2,19 +2,23 @@
 
     header (magic, state, version, hints, absolute expiry, payload length, payload checksum,
             key length, CRC-32 of the header and key) | key | payload
-The state byte sits outside the header's checksum, so delete and eviction flip it in place.
+The state byte sits outside the header's checksum, so delete and eviction flip it in place. A record
+is live only while that byte is exactly LIVE; LIVE and DEAD differ in every bit, so no flip of a
+few bits brings a deleted record back (any other value reads as dead). Version 3: these state
+values; segments of older versions are dropped on open (a cache).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
 MAGIC = b"PDKS"
-VERSION = 2
-LIVE, DEAD = b"\x01", b"\x00"  # the state byte, right after the magic
+VERSION = 3
+LIVE, DEAD = b"\xa5", b"\x5a"  # the state byte, right after the magic
 STATE_AT = 4
 # after magic and state: version, flags (1 pin, 2 keep), priority, expiry (unix time, 0 none),
 # payload length, payload checksum, key length; then the crc32 of these fields and the key
@@ -31,18 +35,40 @@ def header(key: bytes, length: int, crc: int, flags: int, priority: int, expires
     return b"".join((MAGIC, LIVE, fields, CRC.pack(zlib.crc32(key, zlib.crc32(fields))), key))
 
 
-def parse(head: bytes):
-    """(state, flags, priority, expires, length, crc, key) from a record's first bytes, or None
-    when they are not a whole, intact header and key."""
+class Head(NamedTuple):
+    state: bytes
+    flags: int
+    priority: int
+    expires: float
+    length: int  # of the payload
+    crc: int  # the payload's checksum
+    key: bytes
+    version: int
+
+    @property
+    def size(self) -> int:
+        """The whole record's bytes: header, key, payload."""
+        return HEADER_SIZE + len(self.key) + self.length
+
+
+def dead_header(key: bytes, length: int) -> bytes:
+    """An intact header and key, marked dead, for a record of `length` payload bytes: laid over a
+    damaged record so that later scans step over it."""
+    head = header(key, length, 0, 0, 0, 0.0)
+    return head[:STATE_AT] + DEAD + head[STATE_AT + 1:]
+
+
+def parse(head: bytes) -> Head | None:
+    """A record's header and key from its first bytes, or None when they are not a whole, intact
+    header and key (of any version: the caller checks it)."""
     if len(head) < HEADER_SIZE or head[:4] != MAGIC:
         return None
     fields = head[5:5 + FIELDS.size]
     version, flags, priority, expires, length, crc, keylen = FIELDS.unpack(fields)
     key = bytes(head[HEADER_SIZE:HEADER_SIZE + keylen])
-    if version != VERSION or len(key) != keylen or \
-            CRC.unpack_from(head, 5 + FIELDS.size)[0] != zlib.crc32(key, zlib.crc32(fields)):
+    if len(key) != keylen or CRC.unpack_from(head, 5 + FIELDS.size)[0] != zlib.crc32(key, zlib.crc32(fields)):
         return None
-    return head[STATE_AT:STATE_AT + 1], flags, priority, expires, length, crc, key
+    return Head(bytes(head[STATE_AT:STATE_AT + 1]), flags, priority, expires, length, crc, key, version)
 
 
 def checksum(page: memoryview) -> int:

@@ -16,14 +16,18 @@ from pdsdk.connectors.stores.disk_record import (
     FIELDS,
     HEADER_SIZE,
     LIVE,
+    MAGIC,
     STATE_AT,
+    VERSION,
+    Head,
     checksum,
-    header,
+    dead_header,
     parse,
 )
 
 SUFFIX = ".seg"
 SEGMENT_NAME = re.compile(r"[0-9a-f]{8}\.seg")
+RESYNC_CHUNK = 1 << 20  # bytes searched per read for the next record header after a damaged one
 
 
 class Segment:
@@ -66,22 +70,22 @@ def open_segments(root: Path, store: str) -> tuple[list[Segment], list[tuple], i
 
 def scan(seg: Segment, store: str) -> tuple[list[tuple], int]:
     """(the live records of a segment, damaged spots found), reading headers only (payloads are
-    checked on read). A record that is cut short or whose header is damaged ends the segment there."""
+    checked on read). A damaged record is stepped over to the next intact record header, and a
+    dead header is laid over it so that later scans step over it quietly; damage with no intact
+    record after it (a torn append) is cut off. Records of an older format version are dropped."""
     size = os.fstat(seg.fd).st_size
-    off, found, errors = 0, [], 0
+    off, found, errors, old = 0, [], 0, 0
     while off < size:
         try:
-            head = os.pread(seg.fd, HEADER_SIZE + 64, off)
-            if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
-                head = os.pread(seg.fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
+            rec = read_head(seg.fd, off)
+            end = off + rec.size if rec else size + 1
+            resume = next_record(seg.fd, off + 1, size) if end > size else end
         except OSError as e:  # keep what was found; nothing is appended to an old segment
             log.warning("%s: cannot read %s at offset %d: %s", store, seg.path, off, e)
             errors += 1
             off = size
             break
-        rec = parse(head)
-        end = off + HEADER_SIZE + len(rec[6]) + rec[4] if rec else size + 1
-        if end > size:
+        if resume is None:
             log.warning("%s: %s has a torn or damaged record at offset %d: cut there (%d bytes dropped)",
                         store, seg.path, off, size - off)
             errors += 1
@@ -91,12 +95,46 @@ def scan(seg: Segment, store: str) -> tuple[list[tuple], int]:
                 log.warning("%s: cannot cut %s: %s", store, seg.path, e)
                 off = size  # the garbage stays counted, and nothing is appended after it
             break
-        state, flags, priority, expires, _length, _crc, key = rec
-        if state == LIVE:
-            found.append((key, seg, off, end - off, flags, priority, expires))
-        off = end
+        if end > size:
+            log.warning("%s: %s has a damaged record at offset %d: %d bytes skipped to the next record",
+                        store, seg.path, off, resume - off)
+            errors += 1
+            if resume - off >= HEADER_SIZE:
+                _overwrite(seg, off, dead_header(b"", resume - off - HEADER_SIZE), store)
+        elif rec.version != VERSION:
+            old += 1
+        elif rec.state == LIVE:
+            found.append((rec.key, seg, off, end - off, rec.flags, rec.priority, rec.expires))
+        elif rec.state != DEAD:  # neither: read as dead
+            log.warning("%s: %s has a damaged state byte at offset %d: the record is dropped", store, seg.path, off)
+            errors += 1
+        off = resume
+    if old:
+        log.info("%s: %s: dropped %d records of an older format version", store, seg.path, old)
     seg.size = off
     return found, errors
+
+
+def read_head(fd: int, off: int) -> Head | None:
+    """The intact record header and key at `off`, or None. Raises OSError."""
+    head = os.pread(fd, HEADER_SIZE + 64, off)
+    if len(head) >= HEADER_SIZE and FIELDS.unpack_from(head, 5)[-1] > 64:  # a long key
+        head = os.pread(fd, HEADER_SIZE + FIELDS.unpack_from(head, 5)[-1], off)
+    return parse(head)
+
+
+def next_record(fd: int, start: int, size: int) -> int | None:
+    """The offset of the first intact record header from `start` whose record ends by `size`;
+    None when there is none. Raises OSError."""
+    for base in range(start, size, RESYNC_CHUNK):
+        chunk = os.pread(fd, RESYNC_CHUNK + len(MAGIC) - 1, base)
+        at = chunk.find(MAGIC)
+        while at >= 0:
+            rec = read_head(fd, base + at)
+            if rec is not None and base + at + rec.size <= size:
+                return base + at
+            at = chunk.find(MAGIC, at + 1)
+    return None
 
 
 def read_record(rec: Rec, key: bytes, payload: memoryview) -> int:
@@ -111,9 +149,9 @@ def read_record(rec: Rec, key: bytes, payload: memoryview) -> int:
     if got != rec.size:
         raise Damaged(f"{where} is truncated ({got} of {rec.size} bytes)")
     parsed = parse(head)
-    if parsed is None or parsed[6] != key or parsed[4] != len(payload):
+    if parsed is None or parsed.version != VERSION or parsed.key != key or parsed.length != len(payload):
         raise Damaged(f"{where} has a bad header")
-    if checksum(payload) != parsed[5]:
+    if checksum(payload) != parsed.crc:
         raise Damaged(f"{where} fails its checksum")
     return len(payload)
 
@@ -129,11 +167,14 @@ def mark_dead(rec: Rec, store: str) -> None:
 def bury(rec: Rec, key: bytes, store: str) -> None:
     """Overwrite a damaged record's header and key with intact ones, marked dead, so that a later
     scan steps over it."""
-    head = header(key, rec.size - HEADER_SIZE - len(key), 0, 0, 0, 0.0)
+    _overwrite(rec.seg, rec.off, dead_header(key, rec.size - HEADER_SIZE - len(key)), store)
+
+
+def _overwrite(seg: Segment, off: int, data: bytes, store: str) -> None:
     try:
-        os.pwrite(rec.seg.fd, head[:STATE_AT] + DEAD + head[STATE_AT + 1:], rec.off)
+        os.pwrite(seg.fd, data, off)
     except OSError as e:
-        log.warning("%s: cannot mark a damaged record dead in %s: %s", store, rec.seg.path, e)
+        log.warning("%s: cannot mark a damaged record dead in %s: %s", store, seg.path, e)
 
 
 def drop_old_layout(root: Path, store: str) -> None:

@@ -2,7 +2,10 @@
 
 Each client contributes `segment_bytes` of its RAM to the pool and the master (`mooncake_master`,
 shipped in the wheel) places objects anywhere in it. Pages go straight from the caller's buffers
-(batch_put_from / batch_get_into, no intermediate copy in Python).
+(batch_put_from_multi_buffers / batch_get_into_multi_buffers, no intermediate copy in Python),
+each object a remote_record.py header then the page. A get whose object is not exactly header plus
+buffer, or whose header or checksum is bad, is a miss: the object is deleted and an error counted.
+`contains` asks only whether the object exists; get finds bad ones (and then contains agrees).
 
 Outages: with the master down every call takes the client's RPC timeout (about 4 s), far too long
 for an engine. So the first failure marks the store down, calls answer misses at once, and a
@@ -24,10 +27,12 @@ import numpy as np
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.remote_record import HEADER_SIZE, flaw, seal
 
 OBJECT_NOT_FOUND = -704
 OBJECT_HAS_LEASE = -706
 RPC_FAIL = -900
+BUFFER_TOO_SMALL, TRANSFER_FAIL = -600, -800  # also what a get of an object of another size answers
 
 
 class MooncakeStore(Store):
@@ -123,8 +128,10 @@ class MooncakeStore(Store):
         if not keys or not self._up.is_set():
             return 0
         views = [byte_view(p) for p in pages[: len(keys)]]
-        codes = self._client.batch_put_from([self._key(k) for k in keys], self._pointers(views),
-                                            [len(v) for v in views], self._replicate(hints))
+        heads = np.frombuffer(b"".join(seal(bytes(k), v) for k, v in zip(keys, views)), np.uint8)
+        codes = self._client.batch_put_from_multi_buffers(
+            [self._key(k) for k in keys[: len(views)]], self._pointer_pairs(heads, views),
+            [[HEADER_SIZE, len(v)] for v in views], self._replicate(hints))
         self._check(codes)
         stored = next((i for i, c in enumerate(codes) if c != 0), len(codes))
         self._record_put(stored, sum(len(v) for v in views[:stored]))
@@ -134,15 +141,38 @@ class MooncakeStore(Store):
         hits = nbytes = 0
         if keys and self._up.is_set():
             views = [byte_view(b) for b in out[: len(keys)]]
-            got = self._client.batch_get_into([self._key(k) for k in keys], self._pointers(views),
-                                              [len(v) for v in views])
+            heads = np.zeros(HEADER_SIZE * len(views), np.uint8)
+            names = [self._key(k) for k in keys[: len(views)]]
+            got = self._client.batch_get_into_multi_buffers(names, self._pointer_pairs(heads, views),
+                                                            [[HEADER_SIZE, len(v)] for v in views])
             self._check(got)
-            for n in got:
-                if n <= 0:
+            for i, n in enumerate(got):
+                head = heads[i * HEADER_SIZE:(i + 1) * HEADER_SIZE]
+                why = flaw(bytes(keys[i]), head, views[i], len(views[i])) if n == HEADER_SIZE + len(views[i]) else \
+                    self._size_flaw(names[i], n, HEADER_SIZE + len(views[i]))
+                if why is not None:
+                    log.warning("%s: page %s %s; treated as a miss and deleted", self.name, names[i], why)
+                    self._record_error()
+                    self.delete([keys[i]])
+                if n <= 0 or why is not None:
                     break
-                hits, nbytes = hits + 1, nbytes + n
+                hits, nbytes = hits + 1, nbytes + len(views[i])
         self._record_get(hits, len(keys), nbytes)
         return hits
+
+    def _size_flaw(self, name: str, got: int, want: int) -> str | None:
+        """Why a get that did not fill header and buffer failed, when the object is to blame: a size
+        other than header plus buffer. None for a miss or a failed transfer."""
+        if got not in (BUFFER_TOO_SMALL, TRANSFER_FAIL) and got <= 0:
+            return None
+        size = self._client.get_size(name)
+        return f"holds {size} bytes where header and page take {want}" if 0 <= size != want else None
+
+    @staticmethod
+    def _pointer_pairs(heads: np.ndarray, views: Sequence[memoryview]) -> list[list[int]]:
+        """[header slot, page] pointers per page, header slots packed in `heads`."""
+        base = heads.ctypes.data
+        return [[base + i * HEADER_SIZE, p] for i, p in enumerate(MooncakeStore._pointers(views))]
 
     def contains(self, keys: Sequence[bytes]) -> int:
         if not keys or not self._up.is_set():

@@ -7,6 +7,11 @@ exponential backoff; redis-py reconnects by itself on that attempt.
 Eviction is the server's. Run it with `maxmemory` and `maxmemory-policy volatile-lru`: every
 page gets an expiry (its ttl_s, else `default_ttl_s`) except pinned pages without a ttl_s, so the
 server never evicts those. Priority and keep=False are not enforced here (the server's LRU is).
+
+Values are remote_record.py's records: a header (length, checksum) before the page. `get` reads at
+most one byte more than the buffer holds and checks the record (a page exactly the buffer's size);
+`contains` checks that the key holds a string whose length is the one its header declares. A bad
+value (wrong type, length or checksum) is a miss for both, and `get` deletes it and counts an error.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pdsdk.connectors.stores.base import Backoff, Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.base import Backoff, Buffer, Hints, Store, byte_view, copy_into, log
+from pdsdk.connectors.stores.remote_record import HEADER_SIZE, declared_length, flaw, seal
 
 _DOWN = (redis.ConnectionError, redis.TimeoutError)
 
@@ -69,7 +75,7 @@ class RedisStore(Store):
         def run():
             pipe = self._client.pipeline(transaction=False)
             for key, view in zip(keys, views):
-                pipe.set(self._key(key), view, px=px)
+                pipe.set(self._key(key), seal(key, view) + view, px=px)
             return pipe.execute(raise_on_error=False)
 
         results = self._call("put", run, [])
@@ -81,29 +87,52 @@ class RedisStore(Store):
         return stored
 
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
-        values = self._call("get", lambda: self._client.mget([self._key(k) for k in keys]), []) if keys else []
+        keys = [bytes(k) for k in keys]
+        views = [byte_view(b) for b in out[: len(keys)]]
+
+        def run():
+            pipe = self._client.pipeline(transaction=False)
+            for key, view in zip(keys, views):
+                # one byte past what fits: a longer value is not fetched whole
+                pipe.getrange(self._key(key), 0, HEADER_SIZE + len(view))
+            return pipe.execute(raise_on_error=False)
+
+        values = self._call("get", run, []) if views else []
         hits = nbytes = 0
-        for value, buf in zip(values, out):
-            if value is None:
+        for key, value, view in zip(keys, values, views):
+            if value == b"":  # absent
                 break
-            view = byte_view(buf)
-            if len(value) > len(view):
-                log.warning("%s: page of %d bytes does not fit a %d-byte buffer", self.name, len(value), len(view))
+            payload = memoryview(value)[HEADER_SIZE:] if isinstance(value, bytes) else b""
+            why = f"holds no string ({value})" if isinstance(value, Exception) else flaw(key, value, payload, len(view))
+            if why is not None:
+                self._drop_bad(key, why)
                 break
-            view[: len(value)] = value
-            hits, nbytes = hits + 1, nbytes + len(value)
+            copy_into(view, payload)
+            hits, nbytes = hits + 1, nbytes + len(payload)
         self._record_get(hits, len(keys), nbytes)
         return hits
+
+    def _drop_bad(self, key: bytes, why: str) -> None:
+        log.warning("%s: page %s %s; treated as a miss and deleted", self.name, key.hex()[-16:], why)
+        self._record_error()
+        self._call("delete", lambda: self._client.unlink(self._key(key)), 0)
 
     def contains(self, keys: Sequence[bytes]) -> int:
         def run():
             pipe = self._client.pipeline(transaction=False)
             for key in keys:
-                pipe.exists(self._key(key))
-            return pipe.execute()
+                pipe.strlen(self._key(key))
+                pipe.getrange(self._key(key), 0, HEADER_SIZE - 1)
+            return pipe.execute(raise_on_error=False)
 
         found = self._call("contains", run, []) if keys else []
-        return next((i for i, n in enumerate(found) if not n), len(found))
+        n = 0
+        for size, head in zip(found[::2], found[1::2]):  # errors: a key holding another redis type
+            length = declared_length(head) if isinstance(head, bytes) else None
+            if length is None or size != HEADER_SIZE + length:
+                break
+            n += 1
+        return n
 
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:

@@ -51,7 +51,7 @@ def test_missing_file_is_named():
     ({"transprt": "nixl"}, "transprt", ["unknown field", "transport", "store", "timeouts"]),
     ({"timeouts": {"transfer": 1}}, "timeouts.transfer", ["connect_s", "transfer_s", "lease_s"]),
     ({"timeouts": {"transfer_s": "fast"}}, "timeouts.transfer_s", ["Expected `float`, got `str`"]),
-    ({"timeouts": {"transfer_s": -1}}, "timeouts.transfer_s", ["must be > 0"]),
+    ({"timeouts": {"transfer_s": -1}}, "timeouts.transfer_s", ["> 0", ": -1"]),
     ({"failure_policy": "retry"}, "failure_policy", ["'retry'", "recompute", "fail"]),
     ({"retention": {"pin": "yes"}}, "retention.pin", ["Expected `bool`"]),
     ({"store": {"tiered": []}}, "store.tiered", ["non-empty list"]),

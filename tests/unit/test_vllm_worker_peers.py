@@ -77,7 +77,8 @@ def test_an_answering_prefill_is_connected_once_and_cached():
 def test_the_step_returns_at_once_and_the_request_fails_after_the_timeout(silent_port):
     """Through the worker: the load waits off the step, then comes back as a load error for vLLM to
     recompute; the step never took longer than a few milliseconds."""
-    vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1))
+    vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1),
+                                  kv_transfer_config=SimpleNamespace(get_from_extra_config=lambda key, default=None: default))
     worker = WorkerSide(vllm_config, load_config({"transport": "local", "timeouts": {"connect_s": 0.5}}), "d", 0)
     worker.transport = SimpleNamespace(connect=_connect, close=lambda: None)
     r = Receive([1, 2], [3, 4], "prefill-engine", "req-1", "127.0.0.1", silent_port, 1)
