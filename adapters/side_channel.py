@@ -18,11 +18,12 @@ import hmac
 import logging
 import os
 import threading
-import time
 from typing import Annotated, Any
 
 import msgspec
 import zmq
+
+from pdsdk.adapters.common.refusals import Refusals
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,6 @@ SECRET_KEY = "side_channel_secret"
 SECRET_ENV = "PDSDK_SIDE_CHANNEL_SECRET"
 MAX_REQUEST = 1024  # bytes per frame a server reads; a request takes under 100
 MAX_REPLY = 64 << 20  # bytes per frame a client reads: descriptors of many regions
-LOG_EVERY_S = 60.0  # refused messages are logged once a minute, counted
 
 
 class Ask(msgspec.Struct, forbid_unknown_fields=True):
@@ -91,8 +91,7 @@ class SideChannelServer:
         self.port = self._sock.bind_to_random_port(f"tcp://{host}") if port == 0 else port
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
-        self.refused = 0  # messages answered with an error or dropped
-        self._logged_at, self._unlogged = 0.0, 0
+        self._refuse = Refusals(f"side channel {host}:{self.port}", log)  # answered with an error or dropped
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pdsdk-side-channel", daemon=True)
         self._thread.start()
@@ -136,15 +135,9 @@ class SideChannelServer:
         except zmq.Again:  # the peer is gone or not reading: its loss
             pass
 
-    def _refuse(self, why: str) -> None:
-        """Count a refused message; log at most once a minute (a flood must not flood the log)."""
-        self.refused += 1
-        self._unlogged += 1
-        now = time.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
-            log.warning("pdsdk: side channel %s:%d refused %d message(s) (latest: %s)", self.host, self.port,
-                        self._unlogged, why)
-            self._logged_at, self._unlogged = now, 0
+    @property
+    def refused(self) -> int:
+        return self._refuse.count
 
     @property
     def alive(self) -> bool:

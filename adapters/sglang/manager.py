@@ -27,6 +27,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll
 from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
+from pdsdk.adapters.common.refusals import Refusals
 from pdsdk.adapters.sglang import wire
 from pdsdk.adapters.sglang.geometry import kv_regions, layout_from_kv_args, transfer_spans
 from pdsdk.adapters.sglang.settings import config_from_env
@@ -35,6 +36,7 @@ from pdsdk.plugins import registry
 
 log = logging.getLogger(__name__)
 _STOP = object()
+MAX_MESSAGE_BYTES = 64 << 20  # a control message: a transport descriptor or a request's page list
 
 
 @dataclass
@@ -87,6 +89,10 @@ class PdsdkKVManager(CommonKVManager):
                  disaggregation_mode.value, spec.name, self.transport.path(), len(self.kv_item_lens),
                  len(self.aux_item_lens), layout.fingerprint())
         self._push_lock = threading.Lock()
+        # Anyone can reach the PULL socket: refused messages are counted and logged once a minute, and a
+        # frame bigger than any registration or request (descriptors, page lists) drops its sender.
+        self._refuse = Refusals(f"KV control socket of engine rank {self.kv_args.engine_rank}", log)
+        self.server_socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         if disaggregation_mode == DisaggregationMode.PREFILL:
             self.decode_peers: dict[str, _DecodePeer] = {}
             self._queue: queue.Queue = queue.Queue()
@@ -151,24 +157,29 @@ class PdsdkKVManager(CommonKVManager):
     def _control_loop(self) -> None:
         while not self._stop.is_set():
             frames = self._recv()
-            if not frames:
-                continue
-            if frames[0] == wire.TAG:
-                try:
-                    msg = wire.decode(frames)
-                except Exception as e:  # noqa: BLE001 - foreign or corrupt traffic is dropped, not fatal
-                    log.warning("pdsdk: dropping an undecodable control message: %s", e)
-                    continue
-                if isinstance(msg, wire.Registration):
-                    self._on_registration(msg)
-                else:
-                    self._on_request(msg)
-            elif frames[0] == wire.ABORT_TAG and len(frames) > 1:
-                room = int(frames[1])
-                if room in self.request_status and self.check_status(room) != KVPoll.Success:
-                    self.fail(room, "Aborted by decode-side abort notification.")
+            if frames:
+                self._guarded(self._on_control, frames)
+
+    def _guarded(self, handler: Any, frames: list[bytes]) -> None:
+        """Any peer can reach our PULL socket: what it sends may fail its handler, never the thread."""
+        try:
+            handler(frames)
+        except Exception as e:  # noqa: BLE001 - foreign or corrupt traffic is refused, not fatal
+            self._refuse(f"{type(e).__name__} handling a {frames[0][:16]!r} message")
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        if frames[0] == wire.TAG:
+            msg = wire.decode(frames)
+            if isinstance(msg, wire.Registration):
+                self._on_registration(msg)
             else:
-                log.warning("pdsdk: unexpected control message tag %r", frames[0][:20])
+                self._on_request(msg)
+        elif frames[0] == wire.ABORT_TAG and len(frames) > 1:
+            room = int(frames[1])
+            if room in self.request_status and self.check_status(room) != KVPoll.Success:
+                self.fail(room, "Aborted by decode-side abort notification.")
+        else:
+            self._refuse("an unknown message tag")
 
     def _on_registration(self, reg: wire.Registration) -> None:
         problem = None
@@ -309,12 +320,7 @@ class PdsdkKVManager(CommonKVManager):
             if frames[0] != wire.STATUS_TAG:
                 log.debug("pdsdk: decode ignores control message tag %r", frames[0][:20])
                 continue
-            try:
-                st = wire.decode_status(frames)
-            except Exception as e:  # noqa: BLE001
-                log.warning("pdsdk: dropping an undecodable status message: %s", e)
-                continue
-            self._on_status(st)
+            self._guarded(lambda f: self._on_status(wire.decode_status(f)), frames)
 
     def _on_status(self, st: wire.TransferStatus) -> None:
         room = st.room

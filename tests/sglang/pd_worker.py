@@ -126,6 +126,19 @@ def run_prefill(args) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
     from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
 
+    if args.hostile:  # what any process that can reach the control socket may send
+        import zmq
+
+        from pdsdk.adapters.sglang import wire
+
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(f"tcp://127.0.0.1:{manager.rank_port}")
+        for frames in ([wire.ABORT_TAG, b"not a room"], [wire.TAG, b"\xc1 not msgpack"], [b"junk"]):
+            push.send_multipart(frames)
+        deadline = time.monotonic() + 10
+        while manager._refuse.count < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        emit(event="refused", count=manager._refuse.count)
     emit(event="ready", pid=os.getpid())
     from pdsdk.compat import sglang as compat
 
@@ -204,6 +217,7 @@ def main() -> None:
     p.add_argument("--room", type=int, required=True)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--hang", action="store_true", help="prefill: stop after bootstrap, never send")
+    p.add_argument("--hostile", action="store_true", help="prefill: first send junk to its own control socket")
     p.add_argument("--delay-send", type=float, default=0, help="prefill: wait this long before sending")
     p.add_argument("--heads", type=int, default=HEADS, help="KV heads (a different value on one side: mismatch)")
     p.add_argument("--timeout", type=float, default=POLL_TIMEOUT_S, help="decode: wait this long for the transfer")

@@ -33,6 +33,17 @@ def test_pages_arrive_intact(pd, transport):
 
 
 @pytest.mark.slow
+def test_junk_on_the_control_socket_is_refused_and_the_transfer_still_works(pd):
+    port, room = free_port(), 777
+    prefill = pd("prefill", port, room, "local", "--hostile")
+    assert prefill.until("refused")["count"] == 3  # a bad abort room, undecodable msgpack, an unknown tag
+    decode = pd("decode", port, room, "local")
+    got, sent = decode.until("done"), prefill.until("done")
+    assert got["state"] == sent["state"] == SUCCESS, (got, sent)
+    assert got["digest"] == sent["digest"]
+
+
+@pytest.mark.slow
 def test_killed_prefill_fails_the_request_with_a_reason(pd):
     port, room = free_port(), 987654321
     env = {"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1"}
