@@ -72,32 +72,37 @@ class Orchestrator:
     # --- the request ----------------------------------------------------------------------
     async def serve(self, request: web.Request, body: dict, req: RouteRequest, path: str) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        budget = self.cfg.request_timeout_s
-        asked = request.headers.get("X-Request-Timeout")
-        if asked:
-            try:
-                budget = min(budget, float(asked))
-            except ValueError:
-                return json_error(400, f"X-Request-Timeout {asked!r} is not a number of seconds")
+        budget, asked = self.cfg.request_timeout_s, req.extra.get("timeout")
+        if asked is not None and asked < budget:
+            budget = asked
+            req.extra["clients_deadline"] = True  # its timeouts are not the workers' fault
         deadline = loop.time() + budget
         if self._ask_tokens and req.token_ids is None and \
                 any(p.needs_tokens for p in self.policies.values()):
             await self._tokenize(body, req)
         excluded: set[str] = set()
         last: Retryable | None = None
+        refused: list[Worker] = []  # answered an error status: blamed only once another worker serves it
         for attempt in range(self.cfg.retries + 1):
             try:
                 plan = self.plan(req, excluded)
             except NoWorker:
                 break
             try:
-                return await self._attempt(request, body, req, path, plan, deadline)
+                resp = await self._attempt(request, body, req, path, plan, deadline)
             except Retryable as e:
                 last = e
                 excluded.update(w.url for w in e.suspects)
+                if e.status is not None:
+                    refused.append(e.worker)
                 rmetrics.RETRIES.labels(e.worker.role).inc()
                 log.warning("request %s attempt %d failed: %s", req.request_id, attempt + 1, e)
-            if loop.time() >= deadline:
+            else:
+                if resp.status < 400:  # the request was servable: those error answers were the workers'
+                    for w in refused:
+                        w.breaker.record(False)
+                return resp
+            if loop.time() >= deadline - 1e-3:
                 return json_error(504, f"request deadline passed; last error: {last}", "timeout")
         if last is not None:
             return json_error(502, f"no worker could serve the request: {last}", "upstream_error")
@@ -125,9 +130,10 @@ class Orchestrator:
             ok = True
             return resp
         except Retryable as e:
-            e.worker.breaker.record(False)
             e.worker.last_error = e.reason
-            judged.add(e.worker.url)
+            if self._workers_fault(e, req, deadline):
+                e.worker.breaker.record(False)
+                judged.add(e.worker.url)
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             rmetrics.CLIENT_CANCELLED.inc()
@@ -138,6 +144,15 @@ class Orchestrator:
                 if w.url not in judged:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)
+
+    @staticmethod
+    def _workers_fault(e: Retryable, req: RouteRequest, deadline: float) -> bool:
+        """Does this failure count against the worker's breaker at once? Not when the client's own
+        deadline ran out, and not yet for an error status: a body no worker can serve is the client's."""
+        if e.status is not None:
+            return False
+        return not (e.timed_out and req.extra.get("clients_deadline")
+                    and asyncio.get_running_loop().time() >= deadline - 1e-3)
 
     def _headers(self, rid: str) -> dict[str, str]:
         h = {"X-Request-Id": rid}

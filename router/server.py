@@ -15,6 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
+from pdsdk.router.conn import BodyError, ClientLog, Gate, GateSite, ServerLog, answer_and_close, fit_to_fd_limit, \
+    receive_body
 from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
 from pdsdk.router.policy import Policy, build_policy
@@ -38,6 +40,8 @@ class Router:
         self.client: H1Pool | None = None
         self.orchestrator: Orchestrator | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.clients = ClientLog()  # bad requests: one log line per client per minute
+        self.gate = Gate(cfg.max_connections, cfg.max_client_connections, cfg.read_timeout_s, self.clients)
         if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
             log.warning("--disagg-threshold is ignored with SGLang: its decode servers cannot prefill alone")
 
@@ -78,7 +82,7 @@ class Router:
 
     # --- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.gate.middleware])
         app.router.add_post("/v1/completions", self.handle_generate)
         app.router.add_post("/v1/chat/completions", self.handle_generate)
         app.router.add_get("/v1/models", self.handle_models)
@@ -130,10 +134,11 @@ class Router:
             rmetrics.count_request(route, "401")
             return denied
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            rmetrics.count_request(route, "413")
-            return json_error(413, f"body larger than the limit of {self.cfg.max_body_bytes} bytes")
+            raw = await receive_body(request, self.cfg.max_body_bytes, self.cfg.read_timeout_s)
+        except BodyError as e:
+            rmetrics.count_request(route, str(e.status))
+            resp = json_error(e.status, str(e))
+            return await answer_and_close(request, resp) if e.status == 408 else resp
         try:
             body, exact = read_body(raw, route)
             req = route_request(body, request.headers, route)
@@ -186,6 +191,7 @@ class Router:
 
 
 SHUTDOWN_GRACE_S = 5.0
+KEEPALIVE_S, LINGER_S = 75.0, 2.0
 
 
 async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
@@ -193,10 +199,14 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     router = Router(cfg)
     # Stopping waits at most SHUTDOWN_GRACE_S for requests in flight (aiohttp's default is 60 s: a
     # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
+    # Idle keep-alive connections close after KEEPALIVE_S; an answer refused before its body was read
+    # (413) lingers LINGER_S to let the client read it, not aiohttp's 10 s of reading and discarding.
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
+                           shutdown_timeout=SHUTDOWN_GRACE_S, keepalive_timeout=KEEPALIVE_S,
+                           lingering_time=LINGER_S, logger=ServerLog(router.clients))
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
+    router.gate.max_connections = fit_to_fd_limit(cfg.max_connections)
+    site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048)
     try:
         await site.start()
     except OSError as e:
