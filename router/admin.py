@@ -103,7 +103,8 @@ def _url(value) -> str:
     return value
 
 
-def routes(router) -> list[web.RouteDef]:
+def routes(router) -> list[tuple]:
+    """(method, path, handler) of each admin route."""
     pool, idle_s = router.pool, router.cfg.read_timeout_s
 
     def guarded(fn):
@@ -161,11 +162,9 @@ def routes(router) -> list[web.RouteDef]:
         return web.json_response({role: {"policy": p.name, **p.stats()} for role, p in router.policies.items()},
                                  dumps=lambda o: json.dumps(o, default=str))
 
-    return [web.get("/admin/workers", guarded(list_workers)),
-            web.post("/admin/workers", guarded(add_worker)),
-            web.delete("/admin/workers", guarded(remove_worker)),
-            web.post("/admin/workers/drain", guarded(drain_worker)),
-            web.get("/admin/policies", guarded(policies))]
+    return [("GET", "/admin/workers", guarded(list_workers)), ("POST", "/admin/workers", guarded(add_worker)),
+            ("DELETE", "/admin/workers", guarded(remove_worker)),
+            ("POST", "/admin/workers/drain", guarded(drain_worker)), ("GET", "/admin/policies", guarded(policies))]
 
 
 async def _remove_when_idle(pool, w: Worker, poll_s: float = 0.05) -> None:

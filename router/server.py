@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -15,8 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.conn import BodyError, ClientLog, Gate, GateSite, ServerLog, answer_and_close, fit_to_fd_limit, \
-    receive_body
+from pdsdk.router.conn import BodyError, ClientLog, Gate, GateSite, ServerLog, answer_and_close, expect_handler, \
+    fit_to_fd_limit, receive_body
 from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
 from pdsdk.router.policy import Policy, build_policy
@@ -83,12 +84,16 @@ class Router:
     # --- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.gate.middleware])
-        app.router.add_post("/v1/completions", self.handle_generate)
-        app.router.add_post("/v1/chat/completions", self.handle_generate)
-        app.router.add_get("/v1/models", self.handle_models)
-        app.router.add_get("/health", self.handle_health)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.add_routes(admin.routes(self))
+        routes = [("POST", "/v1/completions", self.handle_generate), ("POST", "/v1/chat/completions",
+                  self.handle_generate), ("GET", "/v1/models", self.handle_models),
+                  ("GET", "/health", self.handle_health), ("GET", "/metrics", self.handle_metrics),
+                  *admin.routes(self)]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler, expect_handler=expect_handler)
+        # every other path or method: our answer, through our Expect handler (not aiohttp's, see there)
+        known = {path for _, path, _ in routes}
+        app.router.add_route("*", "/{path:.*}", functools.partial(_no_route, known=known),
+                             expect_handler=expect_handler)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -188,6 +193,12 @@ class Router:
         resp = web.Response(body=generate_latest(REGISTRY))
         resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return resp
+
+
+async def _no_route(request: web.Request, known: set[str]) -> web.Response:
+    if request.path in known:
+        return json_error(405, f"{request.method[:20]} is not allowed on {request.path}")
+    return json_error(404, f"no such path {request.path[:100]!r}", "not_found_error")
 
 
 SHUTDOWN_GRACE_S = 5.0
