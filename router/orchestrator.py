@@ -263,7 +263,7 @@ class Orchestrator:
             status, data = await post_json(self.client, w, "/tokenize", ask, {}, 2.0)
             if status == 200:
                 tokens = _json(data).get("tokens")
-                if isinstance(tokens, list):
+                if isinstance(tokens, list) and all(type(t) is int for t in tokens):
                     req.token_ids = tokens
             elif status in (404, 405) and self.cfg.tokenize == "auto":  # an engine version without it
                 self._ask_tokens = False
