@@ -164,7 +164,8 @@ def routes(router) -> list[tuple]:
 
     return [("GET", "/admin/workers", guarded(list_workers)), ("POST", "/admin/workers", guarded(add_worker)),
             ("DELETE", "/admin/workers", guarded(remove_worker)),
-            ("POST", "/admin/workers/drain", guarded(drain_worker)), ("GET", "/admin/policies", guarded(policies))]
+            ("POST", "/admin/workers/drain", guarded(drain_worker)),
+            ("GET", "/admin/policies", guarded(policies))]
 
 
 async def _remove_when_idle(pool, w: Worker, poll_s: float = 0.05) -> None:

@@ -68,8 +68,11 @@ class RouterConfig:
             raise ConfigError("retries", "retries must be >= 0 and the body limit > 0")
         if self.max_connections < 1 or self.max_client_connections < 1:
             raise ConfigError("max-connections", "the connection limits must be >= 1")
+        key = self.worker_api_key
+        if key is not None and (not key.isascii() or not key.isprintable()):
+            raise ConfigError("worker-api-key", "must be printable ASCII: it is sent in an HTTP header")
         if not 0 < self.read_timeout_s < float("inf"):
-            raise ConfigError("read-timeout", f"must be a positive number of seconds, got {self.read_timeout_s}")
+            raise ConfigError("read-timeout", f"seconds must be a positive number, not {self.read_timeout_s}")
 
     @property
     def tokenize_via_worker(self) -> bool:

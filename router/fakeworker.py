@@ -105,7 +105,7 @@ class FakeWorker:
             return web.json_response({"error": {"message": "EngineCore failed on this input"}}, status=500)
         n = body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:  # as vLLM's request validation says
-            return web.json_response({"error": {"message": "max_tokens must be a positive integer"}}, status=400)
+            return web.json_response({"error": {"message": "max_tokens must be an integer >= 0"}}, status=400)
         params = body.get("kv_transfer_params")
         params = params if isinstance(params, dict) else {}
         if self.engine == "vllm" and params.get("do_remote_decode"):

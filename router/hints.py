@@ -104,7 +104,7 @@ def parse_hints(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str
             raise HintError("the 'pdsdk' field must be an object like {\"session\": \"s1\", \"priority\": 1}")
         unknown = set(own) - set(FIELDS)
         if unknown:
-            raise HintError(f"unknown pdsdk hint(s) {_show(sorted(map(str, unknown)))}; known: {', '.join(FIELDS)}")
+            raise HintError(f"unknown pdsdk hint(s) {_show(sorted(unknown))}; known: {', '.join(FIELDS)}")
         out.update({k: _coerce(k, v) for k, v in own.items()})
     for h, k in HEADERS.items():
         v = headers.get(h)

@@ -23,7 +23,8 @@ class Prefix(Policy):
                  max_bytes: int = 64 << 20):
         super().__init__(name)
         if not isinstance(max_bytes, int) or max_bytes < PrefixTree.ENTRY_BYTES:
-            raise ConfigError("policy-option", f"{name}.max_bytes must be an integer >= {PrefixTree.ENTRY_BYTES}")
+            raise ConfigError("policy-option", f"{name}.max_bytes must be an integer >= "
+                                               f"{PrefixTree.ENTRY_BYTES}")
         self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
         self.chunk_chars, self.chunk_tokens = chunk_chars, chunk_tokens
         self.tree = PrefixTree(max_bytes // PrefixTree.ENTRY_BYTES)  # one cap over every worker's chunks

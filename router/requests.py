@@ -102,7 +102,8 @@ def _check_message(m: Any, where: str) -> None:
     if isinstance(content, list):
         for j, part in enumerate(content):
             if not isinstance(part, dict):
-                raise BadRequest(f"'{where}.content[{j}]' must be an object like {{\"type\": \"text\", \"text\": \"...\"}}")
+                raise BadRequest(f"'{where}.content[{j}]' must be an object like "
+                                 '{"type": "text", "text": "..."}')
             if not isinstance(part.get("text", ""), str):
                 raise BadRequest(f"'{where}.content[{j}].text' must be a string")
     elif content is not None and not isinstance(content, str):
@@ -166,7 +167,8 @@ def route_request(body: dict[str, Any], headers: Mapping[str, str], kind: str) -
             text = p
     return RouteRequest(request_id=rid, model=body.get("model"), text=text, token_ids=token_ids,
                         session=hints.get("session"), priority=hints.get("priority", 0),
-                        extra={"hints": hints, "kind": kind, "stream": bool(body.get("stream")), "timeout": timeout})
+                        extra={"hints": hints, "kind": kind, "stream": bool(body.get("stream")),
+                               "timeout": timeout})
 
 
 def batch_size(body: dict[str, Any]) -> int:

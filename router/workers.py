@@ -71,7 +71,8 @@ class Worker:
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str):
-            raise ConfigError("url", f"must be a string like http://10.0.0.5:8000, not {type(self.url).__name__}")
+            raise ConfigError("url", f"must be a string like http://10.0.0.5:8000, "
+                                     f"not {type(self.url).__name__}")
         self.url = self.url.rstrip("/")
         try:
             parts = urlsplit(self.url)
@@ -84,7 +85,7 @@ class Worker:
             raise ConfigError("role", f"{str(self.role)[:40]!r} is not one of {', '.join(ROLES)}")
         p = self.bootstrap_port
         if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 < p < 65536):
-            raise ConfigError("bootstrap_port", f"must be a port number from 1 to 65535 or null, got {str(p)[:40]!r}")
+            raise ConfigError("bootstrap_port", f"must be a port (1 to 65535) or null, not {str(p)[:40]!r}")
         for name in ("kv_events", "kv_replay"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(name, "must be a string of ZMQ endpoints (comma-separated) or null")

@@ -137,7 +137,8 @@ class LiveRouter:
                                     for u, w in h.router.pool.workers.items()})
 
     def breakers(self) -> dict:
-        return self.call(lambda h: {u: (w.breaker.state, w.breaker.failures) for u, w in h.router.pool.workers.items()})
+        return self.call(lambda h: {u: (w.breaker.state, w.breaker.failures)
+                                    for u, w in h.router.pool.workers.items()})
 
 
 def wait_until(check, timeout: float = 5.0) -> bool:

@@ -12,6 +12,7 @@ from rawhttp import LiveRouter, exchange, request
 
 from pdsdk.router.admin import _is_own_host
 
+pytestmark = pytest.mark.slow  # the fuzz tier: `make test`, about 15-30 s for the router's part
 FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 text = st.text(st.characters(codec=None, exclude_categories=()), max_size=30)

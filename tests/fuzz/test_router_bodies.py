@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawhttp import LiveRouter, exchange, request
 
+pytestmark = pytest.mark.slow  # the fuzz tier: `make test`, about 15-30 s for the router's part
 FUZZ = settings(max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 # text with everything JSON can carry: controls, lone surrogates (as \u escapes), astral characters
@@ -21,8 +22,9 @@ hint_values = st.dictionaries(st.sampled_from(["priority", "ttl_s", "pin", "sess
                               json_values, max_size=4)
 part = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url"]) | json_values,
                                            "text": text | json_values})
+content = text | st.lists(part | json_values, max_size=3) | json_values
 message = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system"]) | json_values,
-                                              "content": text | st.lists(part | json_values, max_size=3) | json_values})
+                                              "content": content})
 common = {"model": st.just("fake-model") | json_values, "stream": st.booleans() | json_values,
           "max_tokens": st.integers(-3, 5) | json_values, "pdsdk": hint_values | json_values,
           "nvext": st.fixed_dictionaries({"agent_hints": hint_values | json_values}) | json_values,
@@ -38,9 +40,10 @@ def encode(body) -> bytes:
     return json.dumps(body, allow_nan=True).encode()  # ensure_ascii: a lone surrogate goes as its \u escape
 
 
-@pytest.fixture(scope="module", params=[("vllm", {"plain": 1, "policy": "prefix"}),
-                                        ("vllm", {"prefill": 1, "decode": 1, "policy": "session"}),
-                                        ("sglang", {"prefill": 1, "decode": 1})], ids=["plain", "vllm-pd", "sglang-pd"])
+@pytest.fixture(scope="module", ids=["plain", "vllm-pd", "sglang-pd"],
+                params=[("vllm", {"plain": 1, "policy": "prefix"}),
+                        ("vllm", {"prefill": 1, "decode": 1, "policy": "session"}),
+                        ("sglang", {"prefill": 1, "decode": 1})])
 def router(request):
     engine, kw = request.param
     with LiveRouter(engine=engine, read_timeout_s=1.0, **kw) as r:

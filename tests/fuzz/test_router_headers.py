@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawhttp import LiveRouter, exchange, request
 
+pytestmark = pytest.mark.slow  # the fuzz tier: `make test`, about 15-30 s for the router's part
 FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 BODY = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 2}'
 NAMES = ["X-Request-Id", "X-Request-Timeout", "X-Pdsdk-Priority", "X-Pdsdk-Ttl", "X-Pdsdk-Pin", "X-Pdsdk-Session",

@@ -76,9 +76,9 @@ def test_with_an_admin_key_the_key_decides():
 def test_a_key_that_is_not_utf8_is_refused_not_a_server_error():
     async def main():
         async with Harness(plain=1, admin_key="k", api_key="c") as h:
+            not_utf8 = {"Authorization": b"Bearer \xff\xfe\xc3"}
             for path, method in (("/admin/workers", "POST"), ("/admin/workers", "GET"), ("/v1/completions", "POST")):
-                status, body = await aexchange(h.port, request(path, b"{}", {"Authorization": b"Bearer \xff\xfe\xc3"},
-                                                               method))
+                status, body = await aexchange(h.port, request(path, b"{}", not_utf8, method))
                 assert status == 401, (path, status, body)
     run(main())
 
@@ -114,7 +114,8 @@ def test_bad_admin_bodies_are_400_naming_the_field(engine):
                     body = body.replace(b"{", b'{"role": "prefill", ', 1)  # PD mode needs a role
                 status, text = await raw_post(h, "/admin/workers", body, json_ct)
                 assert status == 400 and field in text, (body[:60], status, text)
-            for body in (b'{"url": 5}', b'{"url": ["x"]}', b'{"url": "%s", "remove": "yes"}' % h.workers[0].url.encode()):
+            drain_remove = b'{"url": "%s", "remove": "yes"}' % h.workers[0].url.encode()
+            for body in (b'{"url": 5}', b'{"url": ["x"]}', drain_remove):
                 status, text = await raw_post(h, "/admin/workers/drain", body, json_ct)
                 assert status == 400, (body, status, text)
             async with h.session.delete(h.url + "/admin/workers", json={"url": {"a": 1}}) as r:

@@ -54,14 +54,16 @@ def test_bad_bodies_and_headers_are_400_naming_the_field(mode, caplog):
             for body, headers, field in CASES:
                 path = "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
                 status, out = await aexchange(h.port, request(path, body, headers))
-                assert status == 400 and field in json.loads(out)["error"]["message"], (body[:90], headers, out[:300])
+                message = json.loads(out)["error"]["message"]
+                assert status == 400 and field in message, (body[:90], headers, out[:300])
             assert sum(len(w.requests) for w in h.workers) == 0
             # the same fields, well formed, are served
             good = PROMPT + b'"prompt": "hi", "pdsdk": {"priority": 3, "ttl_s": 5, "session": "s1"}}'
             status, out = await aexchange(h.port, request("/v1/completions", good, {"X-Request-Id": "req-1.a:b"}))
             assert status == 200, out
             chat = PROMPT + b'"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, ' \
-                            b'{"type": "image_url", "image_url": {"url": "x"}}]}, {"role": "user", "content": null}]}'
+                            b'{"type": "image_url", "image_url": {"url": "x"}}]}, ' \
+                            b'{"role": "user", "content": null}]}'
             assert (await aexchange(h.port, request("/v1/chat/completions", chat)))[0] == 200
             emoji = PROMPT + b'"prompt": "\\ud83d\\ude00"}'  # a surrogate pair is a character
             assert (await aexchange(h.port, request("/v1/completions", emoji)))[0] == 200

@@ -117,7 +117,8 @@ def test_connections_are_capped_per_client_and_in_total():
             for s in held:
                 s.close()
             await asyncio.sleep(0.1)
-            assert h.router.gate.total == 0 and (await aexchange(h.port, request("/health", method="GET")))[0] == 200
+            assert h.router.gate.total == 0
+            assert (await aexchange(h.port, request("/health", method="GET")))[0] == 200
     run(main())
 
 

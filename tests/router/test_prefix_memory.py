@@ -69,8 +69,8 @@ def _rss_mib(pid: int) -> float:
 def test_router_memory_with_2800_unique_30kb_prompts():
     """The reproduction: 2,800 unique 30 KB prompts took a `prefix` router from 59 to 481 MiB."""
     wport, rport = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(wport), "--chunks", "1"],
-                              cwd="/"),
+    procs = [subprocess.Popen([sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(wport),
+                               "--chunks", "1"], cwd="/"),
              subprocess.Popen([sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--policy", "prefix",
                                "--worker", f"http://127.0.0.1:{wport}"], cwd="/")]
 
