@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from pdsdk.errors import ConfigError
-from pdsdk.router.conn import BodyError, answer_and_close, receive_body
+from pdsdk.router.bodies import BodyError, answer_and_close, receive_body
 from pdsdk.router.orchestrator import json_error
 from pdsdk.router.workers import Worker
 

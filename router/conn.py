@@ -1,9 +1,7 @@
-"""Client connections to the router: caps, a deadline for each request head, half-close, request
-bodies read with limits, and bad requests logged briefly.
+"""Client connections to the router: caps, a deadline for each request head, half-close.
 
-aiohttp's server waits for a request head or body bytes without end, takes any number of
-connections and logs every malformed request with a traceback. So each client connection goes
-through a `Gate` (installed by `GateSite`):
+aiohttp's server waits for a request head without end and takes any number of connections. So
+each client connection goes through a `Gate` (installed by `GateSite`):
 - at most `max_connections` open, and `max_client_connections` from one address; a connection
   past either gets a 503 and is closed;
 - a request head must be complete `read_timeout_s` after the connection opened, or after the
@@ -21,63 +19,14 @@ import json
 import logging
 import resource
 import socket
-import sys
-import time
-from collections import OrderedDict
 
 from aiohttp import HttpVersion11, web
-from aiohttp.http_exceptions import HttpProcessingError
+
+from pdsdk.router.clientlog import ClientLog, error_message
 
 log = logging.getLogger("pdsdk.router")
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _POLL_S = 0.1  # how often a half-closed client's socket is checked for the reset that says it left
-
-
-class ClientLog:
-    """At most one log line per client address (and kind) per period, saying how many were held back."""
-
-    def __init__(self, period_s: float = 60.0, max_clients: int = 4096):
-        self.period_s, self.max_clients = period_s, max_clients
-        self._seen: OrderedDict[tuple[str, str], list] = OrderedDict()  # key -> [last line at, held back]
-
-    def allow(self, client: str, kind: str = "bad request") -> int | None:
-        """None: stay quiet; else log now, and this many lines were held back since the last."""
-        key, now = (client, kind), time.monotonic()
-        seen = self._seen.get(key)
-        if seen is not None and now - seen[0] < self.period_s:
-            seen[1] += 1
-            return None
-        held = seen[1] if seen is not None else 0
-        self._seen[key] = [now, 0]
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.max_clients:
-            self._seen.popitem(last=False)
-        return held
-
-    def note(self, client: str, message) -> None:
-        """Log `message` (a string, or a function that makes it) unless this client was heard lately."""
-        held = self.allow(client)
-        if held is not None:
-            more = f" ({held} more from it in the last {self.period_s:g} s)" if held else ""
-            log.warning("client %s: %s%s", client, message() if callable(message) else message, more)
-
-
-class ServerLog(logging.LoggerAdapter):
-    """aiohttp's server logger. A malformed HTTP request is the client's fault: one line, no
-    traceback. Anything else is ours and keeps its traceback; both are rate-limited per client."""
-
-    def __init__(self, clients: ClientLog):
-        super().__init__(logging.getLogger("pdsdk.router.http"), {})
-        self.clients = clients
-
-    def log(self, level, msg, *args, exc_info=None, **kwargs):
-        exc = exc_info if isinstance(exc_info, BaseException) else \
-            exc_info[1] if isinstance(exc_info, tuple) else sys.exc_info()[1] if exc_info else None
-        client = str(args[0]) if args and isinstance(msg, str) and msg.endswith("from %s") else "-"
-        if isinstance(exc, HttpProcessingError):
-            return self.clients.note(client, f"malformed HTTP request: {exc.message or type(exc).__name__}")
-        if level < logging.WARNING or self.clients.allow(client, "server error") is not None:
-            super().log(level, msg, *args, exc_info=exc_info, **kwargs)
 
 
 def fit_to_fd_limit(max_connections: int) -> int:
@@ -149,15 +98,8 @@ class Gate:
             conn.finished()
         if 400 <= resp.status < 500:
             self.clients.note(conn.addr, lambda: f"{resp.status} for {request.method} {request.path}: "
-                                                 f"{_error_message(resp)}")
+                                                 f"{error_message(resp)}")
         return resp
-
-
-def _error_message(resp: web.StreamResponse) -> str:
-    try:
-        return str(json.loads(resp.body)["error"]["message"])[:300]
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return resp.reason or ""
 
 
 class Conn(asyncio.Protocol):
@@ -300,53 +242,3 @@ class GateSite(web.BaseSite):
             lambda: Conn(self.gate, factory()), self.host, self.port, backlog=self._backlog)
 
 
-async def expect_handler(request: web.Request) -> web.StreamResponse | None:
-    """`Expect: 100-continue` is answered; any other Expect gets a 417. (aiohttp's own handler puts
-    the header in its 417 text, which fails on header bytes that are not UTF-8: a 500.)"""
-    if request.headers.get("Expect", "").lower() != "100-continue":
-        return web.json_response({"error": {"message": "the only Expect understood is 100-continue",
-                                            "type": "invalid_request_error", "code": 417}}, status=417)
-    if request.version == HttpVersion11:
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the answer itself has not started
-    return None
-
-
-class BodyError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-async def receive_body(request: web.Request, limit: int, idle_s: float) -> bytes:
-    """The request's body. 413 as soon as it is known to pass `limit` (a declared length is
-    judged before a byte is read), 408 when the client sends nothing for `idle_s`."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise BodyError(413, f"body of {declared} bytes is larger than the limit of {limit} bytes")
-    stream = request.content
-    if stream.is_eof():  # all of it is here already: the usual case, no timer
-        data = await stream.read()
-        if len(data) > limit:
-            raise BodyError(413, f"body larger than the limit of {limit} bytes")
-        return data
-    parts, size = [], 0
-    while True:
-        try:
-            chunk = await asyncio.wait_for(stream.readany(), idle_s)
-        except asyncio.TimeoutError:
-            raise BodyError(408, f"the request body stopped coming for {idle_s:g} s") from None
-        if not chunk:
-            return b"".join(parts)
-        size += len(chunk)
-        if size > limit:
-            raise BodyError(413, f"body larger than the limit of {limit} bytes")
-        parts.append(chunk)
-
-
-async def answer_and_close(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
-    """Send `resp` now and close the connection: the rest of the request will not be read."""
-    await resp.prepare(request)
-    await resp.write_eof()
-    request.protocol.force_close()
-    return resp

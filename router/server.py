@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.conn import BodyError, ClientLog, Gate, GateSite, ServerLog, answer_and_close, \
-    expect_handler, fit_to_fd_limit, receive_body
+from pdsdk.router.bodies import BodyError, answer_and_close, expect_handler, receive_body
+from pdsdk.router.clientlog import ClientLog, ServerLog
+from pdsdk.router.conn import Gate, GateSite, fit_to_fd_limit
 from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
 from pdsdk.router.policy import Policy, build_policy
