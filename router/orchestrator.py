@@ -22,6 +22,7 @@ from pdsdk.router.upstream import Retryable, open_stream, passthrough, post_json
 from pdsdk.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
+DEADLINE_SLACK_S = 1e-3  # a timer may fire a hair before the deadline it was set for
 
 
 @dataclass
@@ -102,7 +103,7 @@ class Orchestrator:
                     for w in refused:
                         w.breaker.record(False)
                 return resp
-            if loop.time() >= deadline - 1e-3:
+            if loop.time() >= deadline - DEADLINE_SLACK_S:
                 return json_error(504, f"request deadline passed; last error: {last}", "timeout")
         if last is not None:
             return json_error(502, f"no worker could serve the request: {last}", "upstream_error")
@@ -152,7 +153,7 @@ class Orchestrator:
         if e.status is not None:
             return False
         return not (e.timed_out and req.extra.get("clients_deadline")
-                    and asyncio.get_running_loop().time() >= deadline - 1e-3)
+                    and asyncio.get_running_loop().time() >= deadline - DEADLINE_SLACK_S)
 
     def _headers(self, rid: str) -> dict[str, str]:
         h = {"X-Request-Id": rid}
