@@ -1,5 +1,6 @@
-"""Client faults in the router's log: one line per client address per minute, never a traceback
-for what a client sent, so that no client can flood the log."""
+"""Log lines that clients can cause at will (bad requests, and the failed attempts their bodies
+make): one per source per minute, never a traceback for what a client sent, so that no client can
+flood the log."""
 
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ from aiohttp.http_exceptions import HttpProcessingError
 log = logging.getLogger("pdsdk.router")
 
 
-class ClientLog:
-    """At most one log line per client address (and kind) per period, saying how many were held back."""
+class ThrottledLog:
+    """At most one log line per source (a client address, a worker) and kind per period, saying how
+    many were held back."""
 
-    def __init__(self, period_s: float = 60.0, max_clients: int = 4096):
-        self.period_s, self.max_clients = period_s, max_clients
+    def __init__(self, period_s: float = 60.0, max_sources: int = 4096):
+        self.period_s, self.max_sources = period_s, max_sources
         self._seen: OrderedDict[tuple[str, str], list] = OrderedDict()  # key -> [last line at, held back]
 
-    def allow(self, client: str, kind: str = "bad request") -> int | None:
+    def allow(self, source: str, kind: str = "bad request") -> int | None:
         """None: stay quiet; else log now, and this many lines were held back since the last."""
-        key, now = (client, kind), time.monotonic()
+        key, now = (source, kind), time.monotonic()
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.period_s:
             seen[1] += 1
@@ -32,7 +34,7 @@ class ClientLog:
         held = seen[1] if seen is not None else 0
         self._seen[key] = [now, 0]
         self._seen.move_to_end(key)
-        while len(self._seen) > self.max_clients:
+        while len(self._seen) > self.max_sources:
             self._seen.popitem(last=False)
         return held
 
@@ -40,15 +42,18 @@ class ClientLog:
         """Log `message` (a string, or a function that makes it) unless this client was heard lately."""
         held = self.allow(client)
         if held is not None:
-            more = f" ({held} more from it in the last {self.period_s:g} s)" if held else ""
-            log.warning("client %s: %s%s", client, message() if callable(message) else message, more)
+            text = message() if callable(message) else message
+            log.warning("client %s: %s%s", client, text, self.more(held))
+
+    def more(self, held: int) -> str:
+        return f" ({held} more in the last {self.period_s:g} s)" if held else ""
 
 
 class ServerLog(logging.LoggerAdapter):
     """aiohttp's server logger. A malformed HTTP request is the client's fault: one line, no
     traceback. Anything else is ours and keeps its traceback; both are rate-limited per client."""
 
-    def __init__(self, clients: ClientLog):
+    def __init__(self, clients: ThrottledLog):
         super().__init__(logging.getLogger("pdsdk.router.http"), {})
         self.clients = clients
 

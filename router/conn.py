@@ -22,7 +22,7 @@ import socket
 
 from aiohttp import HttpVersion11, web
 
-from pdsdk.router.clientlog import ClientLog, error_message
+from pdsdk.router.clientlog import ThrottledLog, error_message
 
 log = logging.getLogger("pdsdk.router")
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -60,7 +60,7 @@ class Gate:
     (`middleware` marks a request's start and end)."""
 
     def __init__(self, max_connections: int, max_client_connections: int, read_timeout_s: float,
-                 clients: ClientLog):
+                 clients: ThrottledLog):
         self.max_connections, self.max_client_connections = max_connections, max_client_connections
         self.read_timeout_s, self.clients = read_timeout_s, clients
         self.total = 0

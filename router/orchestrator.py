@@ -14,6 +14,7 @@ from aiohttp import web
 
 from pdsdk import plugins
 from pdsdk.router import pd, rmetrics
+from pdsdk.router.clientlog import ThrottledLog
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
 from pdsdk.router.h1 import H1Pool
@@ -41,6 +42,7 @@ class Orchestrator:
         self.cfg, self.pool, self.policies, self.client = cfg, pool, policies, client
         self._warned_no_params: set[str] = set()
         self._ask_tokens = cfg.tokenize_via_worker  # off for good when a worker has no /tokenize (auto)
+        self.failures = ThrottledLog()  # one line per worker per minute about failed attempts
 
     # --- planning -------------------------------------------------------------------------
     def _choose(self, role: str, req: RouteRequest, excluded: set[str]) -> Choice:
@@ -97,7 +99,10 @@ class Orchestrator:
                 if e.status is not None:
                     refused.append(e.worker)
                 rmetrics.RETRIES.labels(e.worker.role).inc()
-                log.warning("request %s attempt %d failed: %s", req.request_id, attempt + 1, e)
+                held = self.failures.allow(e.worker.url, "attempt failed")  # clients can make these at will
+                if held is not None:
+                    log.warning("request %s attempt %d failed: %s%s", req.request_id, attempt + 1, e,
+                                self.failures.more(held))
             else:
                 if resp.status < 400:  # the request was servable: those error answers were the workers'
                     for w in refused:

@@ -17,7 +17,7 @@ from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.bodies import BodyError, answer_and_close, expect_handler, receive_body
-from pdsdk.router.clientlog import ClientLog, ServerLog
+from pdsdk.router.clientlog import ThrottledLog, ServerLog
 from pdsdk.router.conn import Gate, GateSite, fit_to_fd_limit
 from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
@@ -42,7 +42,7 @@ class Router:
         self.client: H1Pool | None = None
         self.orchestrator: Orchestrator | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.clients = ClientLog()  # bad requests: one log line per client per minute
+        self.clients = ThrottledLog()  # bad requests: one log line per client per minute
         self.gate = Gate(cfg.max_connections, cfg.max_client_connections, cfg.read_timeout_s, self.clients)
         if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
             log.warning("--disagg-threshold is ignored with SGLang: its decode servers cannot prefill alone")
