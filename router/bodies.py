@@ -29,6 +29,9 @@ class BodyError(Exception):
 async def receive_body(request: web.Request, limit: int, idle_s: float) -> bytes:
     """The request's body. 413 as soon as it is known to pass `limit` (a declared length is
     judged before a byte is read), 408 when the client sends nothing for `idle_s`."""
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding not in ("identity", ""):  # no decompression here: no bomb to defuse
+        raise BodyError(415, f"Content-Encoding {coding[:40]!r}: request bodies are taken uncompressed only")
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"body of {declared} bytes is larger than the limit of {limit} bytes")

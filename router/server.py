@@ -213,9 +213,11 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
     # Idle keep-alive connections close after KEEPALIVE_S; an answer refused before its body was read
     # (413) lingers LINGER_S to let the client read it, not aiohttp's 10 s of reading and discarding.
+    # Bodies come as sent: a compressed one is refused (bodies.py), never inflated.
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S, keepalive_timeout=KEEPALIVE_S,
-                           lingering_time=LINGER_S, logger=ServerLog(router.clients))
+                           lingering_time=LINGER_S, logger=ServerLog(router.clients),
+                           auto_decompress=False)
     await runner.setup()
     router.gate.max_connections = fit_to_fd_limit(cfg.max_connections)
     site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048)

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 
 from pdsdk.router.harness import Harness
 
@@ -140,11 +139,3 @@ class LiveRouter:
         return self.call(lambda h: {u: (w.breaker.state, w.breaker.failures)
                                     for u, w in h.router.pool.workers.items()})
 
-
-def wait_until(check, timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.02)
-    return bool(check())

@@ -1,5 +1,6 @@
 """Fuzz: request bodies against a real router and its fake workers on loopback, in plain and PD
-modes. Whatever the body, the answer is not a 5xx and nothing is logged with a traceback."""
+modes. Whatever the body, the answer is not a 5xx, nothing is logged with a traceback, and no
+worker's breaker moves."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def router(request):
     with LiveRouter(engine=engine, read_timeout_s=1.0, **kw) as r:
         yield r
         assert not r.log.tracebacks(), r.log.tracebacks()[:5]
+        assert set(r.breakers().values()) == {("closed", 0)}  # nothing a client sent counted against a worker
 
 
 def check(r: LiveRouter, path: str, raw_body: bytes) -> None:

@@ -4,6 +4,7 @@ names the field, in plain and in PD mode, and nothing is logged with a traceback
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 
@@ -56,6 +57,9 @@ def test_bad_bodies_and_headers_are_400_naming_the_field(mode, caplog):
                 status, out = await aexchange(h.port, request(path, body, headers))
                 message = json.loads(out)["error"]["message"]
                 assert status == 400 and field in message, (body[:90], headers, out[:300])
+            packed = gzip.compress(b'{"prompt": "' + b"a" * (1 << 20) + b'"}')  # never inflated: no bomb
+            status, out = await aexchange(h.port, request("/v1/completions", packed, {"Content-Encoding": "gzip"}))
+            assert status == 415 and b"Content-Encoding" in out, out[:200]
             assert sum(len(w.requests) for w in h.workers) == 0
             # the same fields, well formed, are served
             good = PROMPT + b'"prompt": "hi", "pdsdk": {"priority": 3, "ttl_s": 5, "session": "s1"}}'
