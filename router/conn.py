@@ -174,7 +174,7 @@ class Conn(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.eof and not self._keep_half_open(request):
+        if self.eof and self.transport is not None and not self._keep_half_open(request):
             self.transport.close()  # the client is gone: its handler is cancelled
 
     def finished(self) -> None:
