@@ -29,6 +29,9 @@ class RouterConfig:
     admin_key: str | None = None
     worker_api_key: str | None = None  # sent to workers as "Authorization: Bearer ..."
     max_body_bytes: int = 32 << 20
+    max_connections: int = 4096  # client connections open at once (lowered to fit the open-files limit)
+    max_client_connections: int = 1024  # of them from one client address
+    read_timeout_s: float = 15.0  # for a request head to arrive whole, and for each wait on its body
     retries: int = 2  # extra attempts on a new worker/pair, only before the first token
     connect_timeout_s: float = 5.0
     first_token_timeout_s: float = 120.0  # a worker silent this long counts as failed (then retry)
@@ -63,6 +66,13 @@ class RouterConfig:
             raise ConfigError("tokenize", f"{self.tokenize!r} is not one of auto, worker, none")
         if self.retries < 0 or self.max_body_bytes <= 0:
             raise ConfigError("retries", "retries must be >= 0 and the body limit > 0")
+        if self.max_connections < 1 or self.max_client_connections < 1:
+            raise ConfigError("max-connections", "the connection limits must be >= 1")
+        key = self.worker_api_key
+        if key is not None and (not key.isascii() or not key.isprintable()):
+            raise ConfigError("worker-api-key", "must be printable ASCII: it is sent in an HTTP header")
+        if not 0 < self.read_timeout_s < float("inf"):
+            raise ConfigError("read-timeout", f"seconds must be a positive number, not {self.read_timeout_s}")
 
     @property
     def tokenize_via_worker(self) -> bool:

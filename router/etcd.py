@@ -50,6 +50,8 @@ async def _post(session: aiohttp.ClientSession, base: str, path: str, body: dict
 
 def _worker(value: str) -> Worker:
     rec = json.loads(value)
+    if not isinstance(rec, dict):
+        raise ValueError("a worker record must be a JSON object")
     return Worker(rec["url"], role=rec.get("role", "plain"), bootstrap_port=rec.get("bootstrap_port"),
                   kv_events=rec.get("kv_events"), kv_replay=rec.get("kv_replay"), source="etcd")
 
@@ -85,7 +87,7 @@ def _apply(router, keys: dict[str, str], key: str, value: str | None) -> None:
         return
     try:
         w = _worker(value)
-    except (ValueError, KeyError, ConfigError) as e:
+    except (ValueError, KeyError, RecursionError, ConfigError) as e:
         log.warning("etcd record %s ignored: %s", key, e)
         return
     if (w.role == "plain") == router.cfg.pd:

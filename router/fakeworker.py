@@ -36,6 +36,7 @@ class FakeWorker:
         self.completed: list[str] = []
         self.hang = False  # accept and never answer
         self.fail_status: int | None = None  # answer every request with this status
+        self.poison: str | None = None  # answer 500 to a prompt holding this text (an input the engine chokes on)
         self.die_after: int | None = None  # close the connection after this many stream chunks
         self.stall_after: int | None = None  # go silent (connection open) after this many stream chunks
         self.healthy = True
@@ -100,7 +101,13 @@ class FakeWorker:
             return web.json_response({"error": {"message": "injected failure"}}, status=self.fail_status)
         if body.get("model") not in (None, self.model):
             return web.json_response({"error": {"message": f"model {body.get('model')} not found"}}, status=404)
-        params = body.get("kv_transfer_params") or {}
+        if self.poison is not None and self.poison in json.dumps(body.get("prompt", body.get("messages"))):
+            return web.json_response({"error": {"message": "EngineCore failed on this input"}}, status=500)
+        n = body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:  # as vLLM's request validation says
+            return web.json_response({"error": {"message": "max_tokens must be an integer >= 0"}}, status=400)
+        params = body.get("kv_transfer_params")
+        params = params if isinstance(params, dict) else {}
         if self.engine == "vllm" and params.get("do_remote_decode"):
             return self._vllm_prefill(body, rid, params)
         if self.engine == "vllm" and params.get("do_remote_prefill"):
@@ -122,8 +129,7 @@ class FakeWorker:
                 except asyncio.TimeoutError:
                     return web.json_response({"error": {"message": "KV transfer from prefill timed out"}},
                                              status=500)
-        n = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks),
-                       self.chunks))
+        n = max(1, min(n, self.chunks))
         if body.get("stream"):
             return await self._stream(request, body, rid, n)
         await asyncio.sleep(self.token_delay_s * n)

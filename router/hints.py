@@ -21,6 +21,10 @@ class HintError(ValueError):
     pass
 
 
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+MAX_TEXT = 256  # characters of a session id: each is kept by the session policy
+
+
 def _bool(v: Any, name: str) -> bool:
     if isinstance(v, bool):
         return v
@@ -28,20 +32,57 @@ def _bool(v: Any, name: str) -> bool:
         return v.lower() in ("1", "true", "yes")
     if isinstance(v, int):
         return bool(v)
-    raise HintError(f"{name} must be a boolean, got {v!r}")
+    raise HintError(f"hint {name} must be a boolean, got {_show(v)}")
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _priority(v: Any) -> int:
+    if isinstance(v, float) and v.is_integer():  # false for NaN and the infinities
+        v = int(v)
+    elif isinstance(v, str):
+        try:
+            v = int(v.strip())
+        except ValueError:
+            v = None
+    if not isinstance(v, int) or isinstance(v, bool) or not PRIORITY_MIN <= v <= PRIORITY_MAX:
+        raise HintError(f"hint priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}")
+    return v
+
+
+def _ttl(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        t = float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
+    except (ValueError, OverflowError):
+        t = None
+    if t is None or not 0 <= t < float("inf"):
+        raise HintError(f"hint ttl_s must be a finite number of seconds >= 0, got {_show(v)}")
+    return t
+
+
+def _text(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    s = v if isinstance(v, str) else str(v) if isinstance(v, (int, float)) else None
+    if s is None or not 0 < len(s) <= MAX_TEXT or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in s):
+        raise HintError(f"hint {name} must be text of 1 to {MAX_TEXT} characters without control characters, "
+                        f"got {_show(v)}")
+    return s
 
 
 def _coerce(name: str, v: Any) -> Any:
-    try:
-        if name == "priority":
-            return int(v)
-        if name == "ttl_s":
-            return None if v is None else float(v)
-        if name in ("pin", "keep"):
-            return _bool(v, name)
-        return None if v is None else str(v)
-    except (TypeError, ValueError):
-        raise HintError(f"hint {name}: {v!r} is not valid") from None
+    if name == "priority":
+        return _priority(v)
+    if name == "ttl_s":
+        return _ttl(v)
+    if name in ("pin", "keep"):
+        return _bool(v, name)
+    return _text(name, v)
 
 
 def parse_hints(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
@@ -53,7 +94,7 @@ def parse_hints(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str
         if "priority" in agent:
             out["priority"] = _coerce("priority", agent["priority"])
         if agent.get("prefix_id") is not None:
-            out["session"] = str(agent["prefix_id"])
+            out["session"] = _text("session (nvext.agent_hints.prefix_id)", agent["prefix_id"])
         for k in ("ttl_s", "pin", "session", "keep"):
             if k in agent:
                 out[k] = _coerce(k, agent[k])
@@ -63,7 +104,7 @@ def parse_hints(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str
             raise HintError("the 'pdsdk' field must be an object like {\"session\": \"s1\", \"priority\": 1}")
         unknown = set(own) - set(FIELDS)
         if unknown:
-            raise HintError(f"unknown pdsdk hint(s) {sorted(unknown)}; known: {', '.join(FIELDS)}")
+            raise HintError(f"unknown pdsdk hint(s) {_show(sorted(unknown))}; known: {', '.join(FIELDS)}")
         out.update({k: _coerce(k, v) for k, v in own.items()})
     for h, k in HEADERS.items():
         v = headers.get(h)

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from pdsdk import plugins
 from pdsdk.router import pd, rmetrics
+from pdsdk.router.clientlog import ThrottledLog
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
 from pdsdk.router.h1 import H1Pool
@@ -22,6 +23,7 @@ from pdsdk.router.upstream import Retryable, open_stream, passthrough, post_json
 from pdsdk.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
+DEADLINE_SLACK_S = 1e-3  # a timer may fire a hair before the deadline it was set for
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Orchestrator:
         self.cfg, self.pool, self.policies, self.client = cfg, pool, policies, client
         self._warned_no_params: set[str] = set()
         self._ask_tokens = cfg.tokenize_via_worker  # off for good when a worker has no /tokenize (auto)
+        self.failures = ThrottledLog()  # one line per worker per minute about failed attempts
 
     # --- planning -------------------------------------------------------------------------
     def _choose(self, role: str, req: RouteRequest, excluded: set[str]) -> Choice:
@@ -72,32 +75,40 @@ class Orchestrator:
     # --- the request ----------------------------------------------------------------------
     async def serve(self, request: web.Request, body: dict, req: RouteRequest, path: str) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        budget = self.cfg.request_timeout_s
-        asked = request.headers.get("X-Request-Timeout")
-        if asked:
-            try:
-                budget = min(budget, float(asked))
-            except ValueError:
-                return json_error(400, f"X-Request-Timeout {asked!r} is not a number of seconds")
+        budget, asked = self.cfg.request_timeout_s, req.extra.get("timeout")
+        if asked is not None and asked < budget:
+            budget = asked
+            req.extra["clients_deadline"] = True  # its timeouts are not the workers' fault
         deadline = loop.time() + budget
         if self._ask_tokens and req.token_ids is None and \
                 any(p.needs_tokens for p in self.policies.values()):
             await self._tokenize(body, req)
         excluded: set[str] = set()
         last: Retryable | None = None
+        refused: list[Worker] = []  # answered an error status: blamed only once another worker serves it
         for attempt in range(self.cfg.retries + 1):
             try:
                 plan = self.plan(req, excluded)
             except NoWorker:
                 break
             try:
-                return await self._attempt(request, body, req, path, plan, deadline)
+                resp = await self._attempt(request, body, req, path, plan, deadline)
             except Retryable as e:
                 last = e
                 excluded.update(w.url for w in e.suspects)
+                if e.status is not None:
+                    refused.append(e.worker)
                 rmetrics.RETRIES.labels(e.worker.role).inc()
-                log.warning("request %s attempt %d failed: %s", req.request_id, attempt + 1, e)
-            if loop.time() >= deadline:
+                held = self.failures.allow(e.worker.url, "attempt failed")  # clients can make these at will
+                if held is not None:
+                    log.warning("request %s attempt %d failed: %s%s", req.request_id, attempt + 1, e,
+                                self.failures.more(held))
+            else:
+                if resp.status < 400:  # the request was servable: those error answers were the workers'
+                    for w in refused:
+                        w.breaker.record(False)
+                return resp
+            if loop.time() >= deadline - DEADLINE_SLACK_S:
                 return json_error(504, f"request deadline passed; last error: {last}", "timeout")
         if last is not None:
             return json_error(502, f"no worker could serve the request: {last}", "upstream_error")
@@ -125,9 +136,10 @@ class Orchestrator:
             ok = True
             return resp
         except Retryable as e:
-            e.worker.breaker.record(False)
             e.worker.last_error = e.reason
-            judged.add(e.worker.url)
+            if self._workers_fault(e, req, deadline):
+                e.worker.breaker.record(False)
+                judged.add(e.worker.url)
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             rmetrics.CLIENT_CANCELLED.inc()
@@ -138,6 +150,15 @@ class Orchestrator:
                 if w.url not in judged:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)
+
+    @staticmethod
+    def _workers_fault(e: Retryable, req: RouteRequest, deadline: float) -> bool:
+        """Does this failure count against the worker's breaker at once? Not when the client's own
+        deadline ran out, and not yet for an error status: a body no worker can serve is the client's."""
+        if e.status is not None:
+            return False
+        return not (e.timed_out and req.extra.get("clients_deadline")
+                    and asyncio.get_running_loop().time() >= deadline - DEADLINE_SLACK_S)
 
     def _headers(self, rid: str) -> dict[str, str]:
         h = {"X-Request-Id": rid}
@@ -248,7 +269,7 @@ class Orchestrator:
             status, data = await post_json(self.client, w, "/tokenize", ask, {}, 2.0)
             if status == 200:
                 tokens = _json(data).get("tokens")
-                if isinstance(tokens, list):
+                if isinstance(tokens, list) and all(type(t) is int for t in tokens):
                     req.token_ids = tokens
             elif status in (404, 405) and self.cfg.tokenize == "auto":  # an engine version without it
                 self._ask_tokens = False

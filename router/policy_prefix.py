@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pdsdk.errors import ConfigError
 from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, require
 from pdsdk.router.radix import PrefixTree, chunk_keys
 
@@ -19,11 +20,14 @@ from pdsdk.router.radix import PrefixTree, chunk_keys
 class Prefix(Policy):
     def __init__(self, name: str = "prefix", cache_threshold: float = 0.3, balance_abs: int = 64,
                  balance_rel: float = 1.5, chunk_chars: int = 64, chunk_tokens: int = 16,
-                 max_chunks_per_worker: int = 1 << 20):
+                 max_bytes: int = 64 << 20):
         super().__init__(name)
+        if not isinstance(max_bytes, int) or max_bytes < PrefixTree.ENTRY_BYTES:
+            raise ConfigError("policy-option", f"{name}.max_bytes must be an integer >= "
+                                               f"{PrefixTree.ENTRY_BYTES}")
         self.cache_threshold, self.balance_abs, self.balance_rel = cache_threshold, balance_abs, balance_rel
         self.chunk_chars, self.chunk_tokens = chunk_chars, chunk_tokens
-        self.tree = PrefixTree(max_chunks_per_worker)
+        self.tree = PrefixTree(max_bytes // PrefixTree.ENTRY_BYTES)  # one cap over every worker's chunks
 
     def _keys(self, req: RouteRequest) -> list[int]:
         keys = req.extra.get("_prefix_keys")
@@ -65,4 +69,4 @@ class Prefix(Policy):
         self.tree.remove_worker(worker.url)
 
     def stats(self) -> dict:
-        return {"tree_chunks": {url: len(lru) for url, lru in self.tree._lru.items()}}
+        return {"tree_chunks": self.tree.sizes(), "tree_bytes": len(self.tree) * PrefixTree.ENTRY_BYTES}

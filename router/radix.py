@@ -3,7 +3,8 @@ prompt (characters of text, or token ids), flattened into one dict keyed by the 
 the chunks so far. A match walks chunk by chunk until no worker holds the next one.
 
 Approximate on purpose (like SGLang's cache_aware router): it records what the router sent,
-not what the engine kept. Per-worker LRU bounds its size; leaves are evicted before parents.
+not what the engine kept. One LRU over every worker's chunks bounds its memory as a whole
+(each chunk holds its workers as bits of an int); leaves are evicted before parents.
 """
 
 from __future__ import annotations
@@ -30,48 +31,85 @@ def chunk_keys(text: str, token_ids: list[int] | None, chunk_chars: int, chunk_t
 
 
 class PrefixTree:
-    def __init__(self, max_chunks_per_worker: int = 1 << 20):
-        self.max_chunks = max_chunks_per_worker
-        self._holders: dict[int, set[str]] = {}
-        self._lru: dict[str, OrderedDict[int, None]] = {}
+    ENTRY_BYTES = 300  # the process memory one chunk takes (dict slot, LRU node, key int): 230-295 measured
+
+    def __init__(self, max_chunks: int = 1 << 18):
+        self.max_chunks = max_chunks
+        self._holders: OrderedDict[int, int] = OrderedDict()  # chunk key -> bits of the workers holding it
+        self._bits: dict[str, int] = {}  # worker url -> its bit
+        self._sizes: dict[int, int] = {}  # bit -> chunks held
+
+    def __len__(self) -> int:
+        return len(self._holders)
 
     def match(self, keys: list[int], among: set[str] | None = None) -> dict[str, int]:
         """Worker -> number of leading chunks it holds (only workers holding at least one)."""
-        depth: dict[str, int] = {}
-        alive: set[str] | None = None
+        alive = -1 if among is None else self._mask(among)
+        depth: dict[int, int] = {}  # bit -> depth
         for i, k in enumerate(keys):
-            holders = self._holders.get(k)
-            if not holders:
-                break
-            nxt = set(holders) if alive is None else alive & holders
-            if among is not None and alive is None:
-                nxt &= among
+            nxt = self._holders.get(k, 0) & alive
             if not nxt:
                 break
-            for url in nxt:
-                depth[url] = i + 1
+            depth[nxt] = i + 1  # every bit of nxt reached this depth
             alive = nxt
-        return depth
+        out: dict[str, int] = {}
+        for url, bit in self._bits.items():
+            for mask, d in depth.items():  # a few masks, each a subset of the one before
+                if mask & bit and d > out.get(url, 0):
+                    out[url] = d
+        return out
 
     def insert(self, url: str, keys: list[int]) -> None:
-        lru = self._lru.setdefault(url, OrderedDict())
+        bit = self._bit(url)
+        holders, added = self._holders, 0
         for k in reversed(keys):  # parents end up most recent, so leaves go first
-            self._holders.setdefault(k, set()).add(url)
-            lru[k] = None
-            lru.move_to_end(k)
-        while len(lru) > self.max_chunks:
-            self._drop(url, lru.popitem(last=False)[0])
+            m = holders.get(k, 0)
+            if not m & bit:
+                holders[k] = m | bit
+                added += 1
+            holders.move_to_end(k)
+        self._sizes[bit] += added
+        while len(holders) > self.max_chunks:
+            self._forget(holders.popitem(last=False)[1])
 
-    def _drop(self, url: str, key: int) -> None:
-        holders = self._holders.get(key)
-        if holders is not None:
-            holders.discard(url)
-            if not holders:
-                del self._holders[key]
+    def _forget(self, mask: int) -> None:
+        while mask:
+            low = mask & -mask
+            self._sizes[low] -= 1
+            mask ^= low
+
+    def _bit(self, url: str) -> int:
+        bit = self._bits.get(url)
+        if bit is None:
+            used = 0
+            for b in self._bits.values():
+                used |= b
+            bit = (used + 1) & ~used  # the lowest free bit
+            self._bits[url], self._sizes[bit] = bit, 0
+        return bit
+
+    def _mask(self, urls: set[str]) -> int:
+        mask = 0
+        for url in urls:
+            mask |= self._bits.get(url, 0)
+        return mask
 
     def remove_worker(self, url: str) -> None:
-        for k in self._lru.pop(url, ()):
-            self._drop(url, k)
+        bit = self._bits.pop(url, None)
+        if bit is None:
+            return
+        del self._sizes[bit]
+        holders = self._holders
+        for k in [k for k, m in holders.items() if m & bit]:
+            m = holders[k] & ~bit
+            if m:
+                holders[k] = m
+            else:
+                del holders[k]
 
     def size(self, url: str) -> int:
-        return len(self._lru.get(url, ()))
+        bit = self._bits.get(url)
+        return self._sizes[bit] if bit is not None else 0
+
+    def sizes(self) -> dict[str, int]:
+        return {url: self._sizes[bit] for url, bit in self._bits.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -15,6 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pdsdk.errors import ConfigError
 from pdsdk.router import admin, health, rmetrics
 from pdsdk.router.config import RouterConfig
+from pdsdk.router.bodies import BodyError, answer_and_close, expect_handler, receive_body
+from pdsdk.router.clientlog import ThrottledLog, ServerLog
+from pdsdk.router.conn import Gate, GateSite, fit_to_fd_limit
 from pdsdk.router.h1 import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
 from pdsdk.router.policy import Policy, build_policy
@@ -38,6 +42,8 @@ class Router:
         self.client: H1Pool | None = None
         self.orchestrator: Orchestrator | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.clients = ThrottledLog()  # bad requests: one log line per client per minute
+        self.gate = Gate(cfg.max_connections, cfg.max_client_connections, cfg.read_timeout_s, self.clients)
         if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
             log.warning("--disagg-threshold is ignored with SGLang: its decode servers cannot prefill alone")
 
@@ -78,13 +84,17 @@ class Router:
 
     # --- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.router.add_post("/v1/completions", self.handle_generate)
-        app.router.add_post("/v1/chat/completions", self.handle_generate)
-        app.router.add_get("/v1/models", self.handle_models)
-        app.router.add_get("/health", self.handle_health)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.add_routes(admin.routes(self))
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.gate.middleware])
+        routes = [("POST", "/v1/completions", self.handle_generate), ("POST", "/v1/chat/completions",
+                  self.handle_generate), ("GET", "/v1/models", self.handle_models),
+                  ("GET", "/health", self.handle_health), ("GET", "/metrics", self.handle_metrics),
+                  *admin.routes(self)]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler, expect_handler=expect_handler)
+        # every other path or method: our answer, through our Expect handler (not aiohttp's, see there)
+        known = {path for _, path, _ in routes}
+        app.router.add_route("*", "/{path:.*}", functools.partial(_no_route, known=known),
+                             expect_handler=expect_handler)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -130,10 +140,11 @@ class Router:
             rmetrics.count_request(route, "401")
             return denied
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            rmetrics.count_request(route, "413")
-            return json_error(413, f"body larger than the limit of {self.cfg.max_body_bytes} bytes")
+            raw = await receive_body(request, self.cfg.max_body_bytes, self.cfg.read_timeout_s)
+        except BodyError as e:
+            rmetrics.count_request(route, str(e.status))
+            resp = json_error(e.status, str(e))
+            return await answer_and_close(request, resp) if e.status == 408 else resp
         try:
             body, exact = read_body(raw, route)
             req = route_request(body, request.headers, route)
@@ -185,7 +196,14 @@ class Router:
         return resp
 
 
+async def _no_route(request: web.Request, known: set[str]) -> web.Response:
+    if request.path in known:
+        return json_error(405, f"{request.method[:20]} is not allowed on {request.path}")
+    return json_error(404, f"no such path {request.path[:100]!r}", "not_found_error")
+
+
 SHUTDOWN_GRACE_S = 5.0
+KEEPALIVE_S, LINGER_S = 75.0, 2.0
 
 
 async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
@@ -193,10 +211,16 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     router = Router(cfg)
     # Stopping waits at most SHUTDOWN_GRACE_S for requests in flight (aiohttp's default is 60 s: a
     # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
+    # Idle keep-alive connections close after KEEPALIVE_S; an answer refused before its body was read
+    # (413) lingers LINGER_S to let the client read it, not aiohttp's 10 s of reading and discarding.
+    # Bodies come as sent: a compressed one is refused (bodies.py), never inflated.
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
+                           shutdown_timeout=SHUTDOWN_GRACE_S, keepalive_timeout=KEEPALIVE_S,
+                           lingering_time=LINGER_S, logger=ServerLog(router.clients),
+                           auto_decompress=False)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
+    router.gate.max_connections = fit_to_fd_limit(cfg.max_connections)
+    site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048)
     try:
         await site.start()
     except OSError as e:

@@ -30,9 +30,10 @@ RETRY_STATUSES = {408, 429, 500, 502, 503, 504}
 
 
 class Retryable(Exception):
-    def __init__(self, worker: Worker, reason: str):
+    def __init__(self, worker: Worker, reason: str, status: int | None = None, timed_out: bool = False):
         super().__init__(f"{worker.role} worker {worker.url}: {reason}")
         self.worker, self.reason = worker, reason
+        self.status, self.timed_out = status, timed_out  # the worker's error status; a timeout
         self.suspects = [worker]  # workers the retry should avoid (the failed one, maybe its partner)
 
 
@@ -63,7 +64,7 @@ async def open_stream(client: H1Pool, worker: Worker, path: str, body: dict | by
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         if resp is not None:
             resp.close()
-        raise Retryable(worker, _reason(e)) from None
+        raise Retryable(worker, _reason(e), timed_out=isinstance(e, asyncio.TimeoutError)) from None
     except BaseException:
         if resp is not None:
             resp.close()  # cancelled (client went away): drop the connection, the engine aborts
@@ -71,7 +72,7 @@ async def open_stream(client: H1Pool, worker: Worker, path: str, body: dict | by
     if resp.status in RETRY_STATUSES:
         text = first.decode(errors="replace")[:300]
         resp.close()
-        raise Retryable(worker, f"HTTP {resp.status}: {text}")
+        raise Retryable(worker, f"HTTP {resp.status}: {text}", status=resp.status)
     return Opened(worker, resp, first)
 
 
@@ -81,7 +82,7 @@ async def read_all(opened: Opened, timeout: float) -> bytes:
             rest = await opened.resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         opened.resp.close()
-        raise Retryable(opened.worker, _reason(e)) from None
+        raise Retryable(opened.worker, _reason(e), timed_out=isinstance(e, asyncio.TimeoutError)) from None
     except BaseException:
         opened.resp.close()  # cancelled (client gone): drop the connection, the engine aborts
         raise

@@ -70,12 +70,25 @@ class Worker:
     last_error: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.url, str):
+            raise ConfigError("url", f"must be a string like http://10.0.0.5:8000, "
+                                     f"not {type(self.url).__name__}")
         self.url = self.url.rstrip("/")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError as e:
+            raise ConfigError("url", f"{self.url[:200]!r} is not a valid URL ({e})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError("worker", f"{self.url!r} is not an http(s) URL like http://10.0.0.5:8000")
+            raise ConfigError("url", f"{self.url[:200]!r} is not an http(s) URL like http://10.0.0.5:8000")
         if self.role not in ROLES:
-            raise ConfigError("worker", f"role {self.role!r} is not one of {', '.join(ROLES)}")
+            raise ConfigError("role", f"{str(self.role)[:40]!r} is not one of {', '.join(ROLES)}")
+        p = self.bootstrap_port
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 < p < 65536):
+            raise ConfigError("bootstrap_port", f"must be a port (1 to 65535) or null, not {str(p)[:40]!r}")
+        for name in ("kv_events", "kv_replay"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(name, "must be a string of ZMQ endpoints (comma-separated) or null")
 
     @property
     def load(self) -> int:

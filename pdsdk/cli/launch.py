@@ -89,9 +89,11 @@ def _interrupt(signum, frame):
 
 def serve(plan, log_dir: Path, console, start_timeout: float, echo: bool = True, after_start=None) -> int:
     """Start, wait for health, then run `after_start(plan)` (the demo) or supervise until Ctrl-C."""
+    from pdsdk.launch.plan import require_engine
     from pdsdk.launch.supervisor import ChildDied, Supervisor
     from pdsdk.ports import require_free
 
+    require_engine(plan.engine)  # now, not from a worker's log after the others have started
     require_free(plan.host, plan.router.port, "--port")  # now, not after the engines have loaded
     sup = Supervisor(plan, log_dir, console, echo=echo)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as cleanly as Ctrl-C

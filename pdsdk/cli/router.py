@@ -47,6 +47,12 @@ def register(sub) -> None:
     a("--worker-api-key", default=os.environ.get("PDSDK_WORKER_API_KEY"),
       help="key sent to the workers (their --api-key; env PDSDK_WORKER_API_KEY)")
     a("--max-body-mb", type=float, default=32, help="largest request body accepted, MiB (default 32)")
+    a("--max-connections", type=int, default=4096,
+      help="client connections open at once; more are answered 503 (default 4096)")
+    a("--max-client-connections", type=int, default=1024,
+      help="client connections open at once from one address (default 1024)")
+    a("--read-timeout", type=float, default=15.0,
+      help="seconds for a request head to arrive whole, and that a request body may stall (default 15)")
     a("--retries", type=int, default=2, help="extra attempts on another worker/pair before the first token "
                                              "(default 2)")
     a("--connect-timeout", type=float, default=5.0, help="seconds to connect to a worker (default 5)")
@@ -110,6 +116,8 @@ def config_from_args(args):
         policy_options=_policy_options(args.policy_option), kv_events=_pairs(args.kv_events, "kv-events"),
         kv_replay=_pairs(args.kv_replay, "kv-replay"), models=args.model, api_key=args.api_key,
         admin_key=args.admin_key, worker_api_key=args.worker_api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+        max_connections=args.max_connections, max_client_connections=args.max_client_connections,
+        read_timeout_s=args.read_timeout,
         retries=args.retries, connect_timeout_s=args.connect_timeout, first_token_timeout_s=args.first_token_timeout,
         request_timeout_s=args.request_timeout, health_interval_s=args.health_interval,
         health_timeout_s=args.health_timeout, breaker_threshold=args.breaker_threshold,

@@ -6,6 +6,7 @@ module only assigns ports, GPUs or CPU cores, and the router in front.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -15,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdsdk.config import load_config
-from pdsdk.errors import ConfigError
+from pdsdk.errors import ConfigError, MissingDependency
 from pdsdk.ports import free_port
 
 ENGINES = ("vllm", "sglang")
+# What `pdsdk launch` says when an engine is missing: its pdsdk extra, and what it needs to serve.
+ENGINE_NEEDS = {"vllm": "vLLM", "sglang": "SGLang, which serves on NVIDIA GPUs only"}
 # The engine flag for the share of a GPU's memory one worker takes, and the share of the whole GPU
 # its workers take together when several share it (the rest: CUDA contexts, activations, NCCL).
 GPU_MEMORY_FLAG = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}
@@ -128,6 +131,17 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
     waves = [[w for w, t in zip(workers, turns) if t == turn] for turn in sorted(set(turns))]
     return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves, ipc_dir)
+
+
+def require_engine(engine: str) -> None:
+    """Fail before any process starts when the engine cannot be imported by this Python."""
+    try:
+        found = importlib.util.find_spec(engine) is not None
+    except (ImportError, ValueError):  # a broken install, or an import blocked on purpose
+        found = False
+    if not found:
+        raise MissingDependency(f"pdsdk launch --engine {engine} ({ENGINE_NEEDS[engine]})", engine,
+                                f"no module named {engine!r} in {sys.executable}")
 
 
 def _kv_events_dir(opts: LaunchOptions) -> str | None:

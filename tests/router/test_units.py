@@ -34,7 +34,7 @@ def test_prefix_routes_shared_prefix_to_the_same_worker_until_load_guard():
 
 
 def test_radix_tree_lru_evicts_leaves_first_and_forgets_workers():
-    t = PrefixTree(max_chunks_per_worker=4)
+    t = PrefixTree(max_chunks=4)
     keys = chunk_keys("a" * 64 * 3, None, 64, 16)
     t.insert("w", keys)
     assert t.match(keys) == {"w": 3}

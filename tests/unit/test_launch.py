@@ -143,3 +143,19 @@ def test_emit_k8s_refuses_kv_events_naming_the_option(tmp_path):
     out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--policy", "kv_events", "--emit", "k8s", str(tmp_path))
     assert out.returncode != 0 and "--policy" in out.stderr + out.stdout and "kv_events" in out.stderr + out.stdout
     assert not list(tmp_path.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("engine,needs", [("sglang", "GPU"), ("vllm", "vLLM")])
+def test_a_missing_engine_is_named_before_anything_starts(engine, needs, tmp_path):
+    """The reproduction: `pdsdk launch --engine sglang` without SGLang started processes, then
+    failed with a ModuleNotFoundError from a worker's log."""
+    import subprocess
+    import sys
+
+    blocked = (f"import sys; sys.modules[{engine!r}] = None; from pdsdk.cli import main; "  # as if not installed
+               f"sys.exit(main(['launch', '--engine', {engine!r}, '--model', '/m/tiny', '--prefill', '1', "
+               f"'--log-dir', {str(tmp_path / 'logs')!r}, '--start-timeout', '5', '--quiet']))")
+    out = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f'pip install "pdsdk[{engine}]"' in out.stderr and needs in out.stderr, out.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was started
