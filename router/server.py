@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 import time
 
 import aiohttp
@@ -83,6 +84,7 @@ class Router:
         app.router.add_post("/v1/chat/completions", self.handle_generate)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/live", self.handle_live)
         app.router.add_get("/metrics", self.handle_metrics)
         app.add_routes(admin.routes(self))
         app.on_startup.append(self._startup)
@@ -169,6 +171,10 @@ class Router:
         return web.json_response({"status": "ok" if ok else "unavailable", "usable_workers": usable},
                                  status=200 if ok else 503)
 
+    async def handle_live(self, request: web.Request) -> web.Response:
+        """Liveness: the router answers (readiness, with usable workers, is /health)."""
+        return web.Response(text="ok")
+
     async def handle_metrics(self, request: web.Request) -> web.Response:
         for p in self.policies.values():
             st = p.stats()
@@ -196,15 +202,31 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
     try:
+        site = web.SockSite(runner, _inherited(cfg.listen_fd)) if cfg.listen_fd is not None else \
+            web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
         await site.start()
+    except ConfigError:
+        await runner.cleanup()
+        raise
     except OSError as e:
         await runner.cleanup()
         raise ConfigError("--port", f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); pick another "
                                     "--port or stop what listens there") from None
     port = runner.addresses[0][1]
     return router, runner, port
+
+
+def _inherited(fd: int) -> socket.socket:
+    """The listening socket a launcher passed down: connections wait in its backlog while a router restarts."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ConfigError("--listen-fd", f"{fd} is not an open socket ({e.strerror or e})") from None
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise ConfigError("--listen-fd", f"{fd} is not a TCP socket")
+    return sock
 
 
 def run(cfg: RouterConfig) -> None:

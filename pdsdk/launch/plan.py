@@ -35,7 +35,9 @@ class ProcessSpec:
     cmd: list[str]
     env: dict[str, str] = field(default_factory=dict)  # on top of the launcher's environment
     port: int = 0
-    health_path: str = "/health"
+    health_path: str = "/health"  # ready to serve (the launcher waits for it at start)
+    live_path: str = "/health"  # alive: failing this for --unhealthy-timeout gets the process restarted
+    listen: bool = False  # serves on a socket the launcher holds: no connection refused while it restarts
     kv_events: tuple[str, str] | None = None  # (events, replay) endpoints the worker publishes on
 
     @property
@@ -125,7 +127,8 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
         cmd, env = _worker_command(opts, role, port, served, config, tp, share, events)
         env.update(placement)
         workers.append(ProcessSpec(name, role, cmd, env, port, kv_events=events))
-    router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
+    router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port, live_path="/live",
+                         listen=True)
     waves = [[w for w, t in zip(workers, turns) if t == turn] for turn in sorted(set(turns))]
     return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves, ipc_dir)
 
