@@ -81,7 +81,7 @@ def run(args) -> int:
         if args.emit[0] != "k8s":
             console.print(f"[red]--emit {args.emit[0]}: only k8s is supported[/]")
             return 2
-        for path in k8s.write(k8s.manifests(plan, opts, args.image, args.router_image), args.emit[1]):
+        for path in k8s.write(k8s.manifests(plan, opts, args.image, args.router_image, restart), args.emit[1]):
             console.print(f"wrote {path}")
         return 0
     if args.dry_run:

@@ -96,16 +96,18 @@ def test_compare_finds_the_first_differing_token():
     assert correctness.compare({1: [5]}, {1: [0]}, exact=False)["ok"]  # FP8 KV: differences allowed
 
 
-def test_chaos_judge_counts_lost_wrong_and_late():
-    def res(i, ok=True, ids=(1, 2), e2e=1.0, error=""):
-        return Result(ok, 10, 2, 0.1, e2e, index=i, token_ids=list(ids), error=error)
+def test_chaos_judge_counts_lost_cut_wrong_and_late():
+    def res(i, ok=True, ids=(1, 2), e2e=1.0, error="", ttft=0.1):
+        return Result(ok, 10, 2, ttft, e2e, index=i, token_ids=list(ids), error=error)
 
-    expected = {0: [1, 2], 1: [1, 2], 2: [1, 2], 3: [1, 2], 4: [1, 2]}
-    out = judge([res(0), res(1, ids=(1, 3)), res(2, e2e=50.0), res(3, ok=False, error="HTTP 503"),
-                 res(4, ids=(1,))], expected, 30)
-    assert (out["completed"], out["lost"], out["wrong"], out["late"]) == (3, 2, 1, 1)
+    expected = {i: [1, 2] for i in range(6)}
+    out = judge([res(0), res(1, ids=(1, 3)), res(2, e2e=50.0), res(3, ok=False, error="HTTP 503", ttft=0.0),
+                 res(4, ids=(1,)), res(5, ok=False, ids=(1,), error="error event: worker failed mid-stream")],
+                expected, 30)
+    assert (out["completed"], out["lost"], out["cut"], out["wrong"], out["late"]) == (3, 2, 1, 1, 1)
     assert out["wrong_examples"][0]["index"] == 1 and out["wrong_examples"][0]["position"] == 1
-    assert out["lost_reasons"] == ["HTTP 503", "stream cut after 1 of 2 tokens"]
+    assert out["lost_reasons"] == ["HTTP 503", "stream ended after 1 of 2 tokens without an error event"]
+    assert out["cut_reasons"] == ["error event: worker failed mid-stream"]
 
 
 def test_markdown_sections_merge_per_tier(tmp_path):

@@ -120,7 +120,7 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     store = json.dumps({"tiered": ["memory", "disk"]})
     out = run_cli("launch", "--engine", "vllm", "--model", "/models/qwen", "--transport", "nixl", "--store", store,
                   "--prefill", "2", "--decode", "3", "--tp", "2", "--gpus", "0,1,2,3,4,5,6,7,8,9",
-                  "--emit", "k8s", str(tmp_path))
+                  "--unhealthy-timeout", "30", "--start-timeout", "600", "--emit", "k8s", str(tmp_path))
     assert out.returncode == 0, out.stderr
     objects = {p.name: yaml.safe_load(p.read_text()) for p in tmp_path.glob("*.yaml")}
     for obj in objects.values():
@@ -133,13 +133,24 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     container = prefill["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the launcher's restarts in Kubernetes terms: 600 s to start, restarted after failing /health for 30 s
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 600
+    live = container["livenessProbe"]
+    assert live["httpGet"]["path"] == "/health" and live["periodSeconds"] * live["failureThreshold"] == 30
+    assert prefill["template"]["spec"]["restartPolicy"] == "Always"
+    router_pod = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]
+    assert router_pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/live"  # alive, workers or not
+    assert router_pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health"
     kv = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["store"] == config["store"]
     router = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "http://pdsdk-prefill:8000" in router and "http://pdsdk-decode:8000" in router
 
 
-def test_emit_k8s_refuses_kv_events_naming_the_option(tmp_path):
+def test_emit_k8s_refuses_kv_events_and_restart_never_naming_the_option(tmp_path):
     out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--policy", "kv_events", "--emit", "k8s", str(tmp_path))
     assert out.returncode != 0 and "--policy" in out.stderr + out.stdout and "kv_events" in out.stderr + out.stdout
+    out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--restart", "never", "--emit", "k8s", str(tmp_path))
+    assert out.returncode != 0 and "--restart never" in out.stderr + out.stdout
     assert not list(tmp_path.glob("*.yaml"))
