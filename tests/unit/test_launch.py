@@ -22,6 +22,20 @@ def test_plan_assigns_roles_ports_and_cores():
     assert plan.router.cmd.count("--decode") == 2 and plan.router.cmd.count("--prefill") == 1
 
 
+def test_on_cpu_prefill_and_decode_workers_get_cores_of_their_own(monkeypatch):
+    from pdsdk.launch.plan import placements
+
+    def binds(cores, roles):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(cores))
+        return [p["VLLM_CPU_OMP_THREADS_BIND"] for p in placements(len(roles), 1, None, roles)]
+
+    # a decode worker polls its transfer without pause: never on the core of the prefill it reads from
+    assert binds([0, 1], ["prefill", "decode", "decode"]) == ["0", "1", "1"]
+    assert binds([0, 1], ["prefill", "prefill", "decode"]) == ["0", "0", "1"]
+    assert binds([0, 1, 2, 3], ["prefill", "decode"]) == ["0-1", "2-3"]
+    assert binds([0, 1], ["worker", "worker"]) == ["0", "1"] and binds([0], ["prefill", "decode"]) == ["0", "0"]
+
+
 def test_gpus_are_split_per_worker_by_tp():
     plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=1, decode=1, tp=2, gpus=[0, 1, 2, 3]))
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["0,1", "2,3"]
