@@ -118,6 +118,9 @@ def test_markdown_sections_merge_per_tier(tmp_path):
     assert "Hand-written intro stays." in text and "<!-- pdsdk-matrix:cpu begin -->" in text
     assert "`vllm/1P1D/nixl/none`" in text and "**failed**" in text and "Results 3: prefix cache" in text
     assert "#### Chaos run" in text and "**0 / 0 / 0**" in text and "RuntimeError: boom" in text
+    assert "| 40 | 38 | 0 | 2 | 0 | 0 | **0 / 0 / 0** | 3 | 1 |" in text  # cut streams apart from the goal
+    assert "| `kill_prefill` | 1 | prefill-1 | 42 |" in text and "| `kill_decode` | 1 | decode-0 | 42 |" in text
+    assert "Cut streams: `error event: worker failed mid-stream`" in text
     report_md.update_doc(doc, [record("gpu-h200")])  # another tier joins; cpu stays
     report_md.update_doc(doc, [record("cpu", date="2026-02-02T00:00:00")])  # cpu replaced in place
     text = doc.read_text()
