@@ -190,14 +190,14 @@ class Supervisor:
                 self._kill(c, f"not healthy {policy.start_timeout_s:.0f} s after its restart")
             return
         time.sleep(0.2)  # let the pump thread read the last lines
-        why = c.killed_because or exit_reason(code)
-        c.last_exit, c.killed_because = why, None
+        killed, c.killed_because = c.killed_because, None
+        why = c.last_exit = killed or exit_reason(code)
         tail = list(self.tails[name])[-15:]
         if not policy.restarts(code):
             raise ChildDied(name, code, tail, f"not restarted (--restart {policy.mode})")
         if c.in_a_row >= policy.max_restarts:
-            raise ChildDied(name, code, tail, f"{why}; gave up after {c.in_a_row} restarts in a row "
-                                              f"(--max-restarts {policy.max_restarts})")
+            raise ChildDied(name, code, tail, f"{killed + '; ' if killed else ''}gave up after {c.in_a_row} "
+                                              f"restarts in a row (--max-restarts {policy.max_restarts})")
         delay = policy.delay(c.in_a_row)
         c.state, c.due = "down", now + delay
         self.console.print(f"[bold yellow]restart[/]: {name} ({c.spec.role}, port {c.spec.port}) {why}; starting "

@@ -3,6 +3,7 @@ killed, hung and killed again, under the Supervisor that `pdsdk launch` runs."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -21,6 +22,8 @@ from pdsdk.launch.plan import LaunchPlan, ProcessSpec
 from pdsdk.launch.restart import RestartPolicy
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.ports import free_port
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.server import start
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
 
@@ -135,4 +138,11 @@ def test_restart_never_stops_at_the_first_death_and_bad_options_are_named(tmp_pa
     with pytest.raises(ConfigError, match="--max-restarts"):
         RestartPolicy(max_restarts=-1)
     assert [RestartPolicy(backoff_s=1).delay(n) for n in (0, 1, 2, 10)] == [1, 2, 4, 60]
+    r, w = os.pipe()
+    try:  # the router's --listen-fd takes a listening TCP socket, nothing else
+        with pytest.raises(ConfigError, match="--listen-fd"):
+            asyncio.run(start(RouterConfig(listen_fd=r)))
+    finally:
+        os.close(r)
+        os.close(w)
     assert not RestartPolicy().restarts(0) and RestartPolicy().restarts(-9) and RestartPolicy("always").restarts(0)
