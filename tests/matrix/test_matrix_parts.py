@@ -8,7 +8,7 @@ import json
 import pytest
 from matrix.browser import assert_renders, chromium
 from matrix.fake_results import VERSIONS, record
-from helpers import REQUIRE_ALL, run_cli
+from helpers import REQUIRE_ALL, eventually, run_cli
 
 from pdsdk.errors import ConfigError
 from pdsdk.matrix import cells as C
@@ -108,6 +108,37 @@ def test_chaos_judge_counts_lost_cut_wrong_and_late():
     assert out["wrong_examples"][0]["index"] == 1 and out["wrong_examples"][0]["position"] == 1
     assert out["lost_reasons"] == ["HTTP 503", "stream ended after 1 of 2 tokens without an error event"]
     assert out["cut_reasons"] == ["error event: worker failed mid-stream"]
+
+
+def test_chaos_faults_one_process_at_a_time_never_the_last_decode_and_waits_for_the_restart(monkeypatch):
+    from types import SimpleNamespace
+
+    from pdsdk.matrix import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "killpg", lambda pid, sig: killed.append(pid))
+    children = {name: SimpleNamespace(restarts=0, state="healthy", proc=SimpleNamespace(pid=pid))
+                for pid, name in enumerate(["prefill-0", "decode-0", "decode-1", "router"], start=10**7)}
+    plan = SimpleNamespace(workers=[SimpleNamespace(name=n, role=n.split("-")[0]) for n in list(children)[:3]],
+                           router=SimpleNamespace(name="router"))
+    chaos = faults.Chaos(SimpleNamespace(sup=SimpleNamespace(children=children), plan=plan), None,
+                         faults.FaultOptions(requests=1, rate=1, deadline_s=1, prefill=1))
+    try:
+        chaos.kill_decode()
+        victim = chaos.faulty
+        assert victim in ("decode-0", "decode-1") and killed == [children[victim].proc.pid]
+        chaos.kill_router()  # one at a time
+        assert killed == [children[victim].proc.pid] and "already down" in chaos.events[-1]["note"]
+        children[victim].restarts, children[victim].state = 1, "healthy"  # the Supervisor brought it back
+        assert eventually(lambda: chaos.faulty is None, 5)
+        assert chaos.events[-1]["kind"] == "restarted" and chaos.events[-1]["target"] == victim
+        chaos.roles["decode"] = ["decode-0"]
+        chaos.kill_decode()
+        assert chaos.faulty is None and "would leave no decode" in chaos.events[-1]["note"]
+        chaos.kill_prefill()  # vLLM: the last prefill may go, a decode worker serves alone
+        assert chaos.faulty == "prefill-0"
+    finally:
+        chaos.finish()
 
 
 def test_markdown_sections_merge_per_tier(tmp_path):
