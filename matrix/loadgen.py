@@ -2,7 +2,7 @@
 
 Arrivals follow a Poisson process at `rate` requests/s (inf: all at once), capped by `concurrency`
 requests in flight; agent sessions arrive the same way and then run their turns in order. TTFT is
-the time to the first chunk carrying text; ITL the gaps between later chunks; E2E the whole
+the time to the first chunk carrying a token (text, or token ids); ITL the gaps between later chunks; E2E the whole
 request. Output tokens come from the final `usage` chunk (`stream_options.include_usage`), else
 from the chunk count.
 """
@@ -115,7 +115,7 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
                         res.text += c.get("text") or ""
                         if c.get("token_ids") is not None:
                             res.token_ids = (res.token_ids or []) + list(c["token_ids"])
-                if not any(c.get("text") for c in msg.get("choices") or ()):
+                if not any(c.get("text") or c.get("token_ids") for c in msg.get("choices") or ()):  # a token (its text may be empty)
                     continue
                 now = time.perf_counter()
                 if last is None:
