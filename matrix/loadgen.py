@@ -2,9 +2,9 @@
 
 Arrivals follow a Poisson process at `rate` requests/s (inf: all at once), capped by `concurrency`
 requests in flight; agent sessions arrive the same way and then run their turns in order. TTFT is
-the time to the first chunk carrying a token (text, or token ids); ITL the gaps between later chunks; E2E the whole
-request. Output tokens come from the final `usage` chunk (`stream_options.include_usage`), else
-from the chunk count.
+the time to the first chunk carrying a token (text, or token ids); ITL the gaps between later
+chunks; E2E the whole request. Output tokens come from the final `usage` chunk
+(`stream_options.include_usage`), else from the chunk count.
 """
 
 from __future__ import annotations
