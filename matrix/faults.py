@@ -1,22 +1,25 @@
-"""`pdsdk matrix --faults`: a chaos run. PD with two prefill workers and a redis store serves a
+"""`pdsdk matrix --faults`: a chaos run. PD (2P2D on GPUs, 1P2D on CPU) with a redis store serves a
 stream of requests while faults are injected at random (seeded) times:
 
-- kill_prefill: SIGKILL a prefill worker's process group (through the Supervisor's process), then start
-  it again on the same port (on GPUs; on CPU it stays dead: its restart would compile for minutes on the
-  cores the others serve from); requests on it fail over (the router retries before the first token) and
-  decode workers whose pages it held recompute them.
+- kill_prefill, kill_decode, kill_router: SIGKILL the process group of a prefill worker, a decode
+  worker or the router. The launcher (the Supervisor `pdsdk launch` runs) starts it again on its
+  port; the router retries requests on the dead worker before their first token and routes around
+  it until it is healthy again; decode workers whose pages a dead prefill held recompute them.
+  Streams already running on a killed decode worker or router are cut (an error event): reported
+  apart. New connections wait in the launcher's listening socket while the router restarts, and
+  the load generator, like OpenAI's client, sends again a request whose connection died unanswered.
 - stall_prefill: SIGSTOP a prefill worker for 35 s, then SIGCONT: transfers from it stall past their
   deadline (30 s) and are dropped (decode recomputes); the router's health check takes it out of
-  rotation meanwhile, and requests already on it finish late, once it runs again.
+  rotation meanwhile, and requests already on it finish late, once it runs again. (Shorter than
+  the launcher's --unhealthy-timeout, 60 s, which would restart it.)
 - store_outage: kill redis-server for a few seconds, then start it again on the same port: the store
   misses and backs off, nothing fails.
 
-At most one prefill is faulty at a time. With vLLM the last healthy prefill may be faulted too: the
-router then has the decode worker serve alone (it prefills itself); SGLang always keeps one. On CPU
-the run is 1P1D: three vLLM engines on two cores starve each other (each engine's worker busy-polls
-its step queue for a second after every step), which tests the machine, not pdsdk. Every completed
-request's greedy output is checked against the single-engine baseline. Reported: lost requests
-(never completed), wrong outputs, requests past the deadline. The goal is 0, 0, 0.
+One process is faulty at a time (killed and not yet healthy again, or stopped); never the last decode
+worker, and with SGLang never the last prefill (a vLLM decode worker serves alone). Every completed
+request's greedy output is checked against the single-engine baseline. Reported: requests lost
+before their first token, streams cut after it, wrong outputs, requests past the deadline. The goal
+is 0 lost, 0 wrong, 0 late.
 """
 
 from __future__ import annotations
@@ -31,18 +34,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pdsdk.launch.plan import ProcessSpec
 from pdsdk.matrix import correctness
 from pdsdk.matrix.cells import Cell, why_not
 from pdsdk.matrix.collect import collect
 from pdsdk.matrix.loadgen import run_load
 from pdsdk.matrix.workload import Workload
 
-KINDS = ("kill_prefill", "stall_prefill", "store_outage")
+KINDS = ("kill_prefill", "kill_decode", "kill_router", "stall_prefill", "store_outage")
+FIRST = ("stall_prefill", "store_outage", "kill_decode", "kill_router", "kill_prefill")  # each once, in this order
 # Health checks every second, more retries. The first-token (and mid-stream silence) timeout stays long:
-# on 2 CPU cores a restarting worker's compile starves the decode worker for tens of seconds.
+# on 2 CPU cores a restarting worker's compile starves the others for tens of seconds.
 ROUTER_ARGS = ("--health-interval", "1", "--retries", "4", "--first-token-timeout", "60",
                "--breaker-cooldown", "2")
+CLIENT_RETRIES = 2  # OpenAI's client's default max_retries
 
 
 @dataclass
@@ -52,7 +56,8 @@ class FaultOptions:
     deadline_s: float
     transport: str = "nixl"
     engine: str = "vllm"
-    prefill: int = 2  # 1 on CPU (see above)
+    prefill: int = 2  # 1 on CPU: three engines share its two cores already
+    decode: int = 2
     isl: int = 128
     osl: int = 16
     interval_s: float = 8.0  # mean time between faults
@@ -60,7 +65,6 @@ class FaultOptions:
     outage_s: float = 5.0
     seed: int = 0
     kinds: tuple[str, ...] = KINDS  # which faults to inject; none: a control run under the same load
-    restart: bool = True  # start a killed prefill again (on 2 CPU cores its compile starves the rest for minutes)
 
 
 def chaos_workload(f: FaultOptions, vocab: int) -> Workload:
@@ -68,18 +72,18 @@ def chaos_workload(f: FaultOptions, vocab: int) -> Workload:
 
 
 class Chaos:
-    """The fault injector: a thread that picks a fault at random times and undoes it after a while."""
+    """The fault injector: a thread that picks a fault at random times; the launcher's Supervisor
+    (watching in another thread) brings killed processes back."""
 
-    def __init__(self, running, redis, f: FaultOptions, start_timeout_s: float, status):
-        self.running, self.redis, self.f = running, redis, f
-        self.start_timeout_s, self.status = start_timeout_s, status
+    def __init__(self, running, redis, f: FaultOptions):
+        self.sup, self.redis, self.f = running.sup, redis, f
         self.rng = random.Random(f.seed)
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         self.events: list[dict[str, Any]] = []
-        self.faulty: set[str] = set()  # prefill names being killed/restarted or stalled
-        self.current = {s.name: s for s in running.plan.workers if s.role == "prefill"}  # name -> live spec
-        self.restarts = 0
+        self.faulty: str | None = None  # the process killed and not back yet, or stopped
+        self.roles = {role: [w.name for w in running.plan.workers if w.role == role] for role in ("prefill", "decode")}
+        self.roles["router"] = [running.plan.router.name]
         self._threads: list[threading.Thread] = []
         self.store_down = False
 
@@ -87,72 +91,66 @@ class Chaos:
         self.events.append({"t": round(time.monotonic() - self.t0, 1), "kind": kind, "target": target, "note": note})
 
     def run(self) -> None:
-        # Each kind once first, each waiting until it can run (a stalled or restarting prefill is never
-        # joined by the other: one must serve), then at random. A killed worker takes minutes to come
-        # back on CPU, so it goes last.
-        first = [k for k in ("stall_prefill", "store_outage", "kill_prefill") if k in self.f.kinds]
+        # Each kind once first, each waiting until no process is faulty, then at random.
+        first = [k for k in FIRST if k in self.f.kinds]
         if not first:
             return  # a control run: the same load, no faults
         while not self.stop.wait(self.rng.expovariate(1.0 / self.f.interval_s)):
             if first:
                 kind = first.pop(0)
-                while kind.endswith("_prefill") and len(self._healthy_prefills()) < len(self.current):
+                while kind != "store_outage" and self.faulty is not None:
                     if self.stop.wait(0.5):
                         return
             else:
                 kind = self.rng.choice(self.f.kinds)
             getattr(self, kind)()
 
-    def _healthy_prefills(self) -> list[str]:
-        return [n for n in self.current if n not in self.faulty]
-
-    def _pick(self, kind: str) -> str | None:
-        up = self._healthy_prefills()
-        keep = 0 if self.f.engine == "vllm" else 1  # a vLLM decode worker can serve alone; SGLang's cannot
-        if len(up) < len(self.current) or len(up) <= keep:
-            self.event(kind, "-", "skipped: a prefill is already down (one at a time)" if len(up) < len(self.current)
-                       else "skipped: it would leave no prefill worker")
-            return None
-        return self.rng.choice(up)
-
-    def _proc(self, name: str):
-        return self.running.sup.procs[self.current[name].name]
+    def _pick(self, kind: str, role: str) -> str | None:
+        """A process of `role` to fault, or None (recorded as skipped): one faulty at a time, never the
+        last decode worker, and with SGLang never the last prefill (a vLLM decode worker serves alone)."""
+        names = self.roles[role]
+        keep = 1 if role == "decode" or (role == "prefill" and self.f.engine != "vllm") else 0
+        if self.faulty is not None:
+            self.event(kind, "-", f"skipped: {self.faulty} is already down (one at a time)")
+        elif len(names) <= keep:
+            self.event(kind, "-", f"skipped: it would leave no {role}")
+        else:
+            self.faulty = self.rng.choice(names)
+            return self.faulty
+        return None
 
     def kill_prefill(self) -> None:
-        name = self._pick("kill_prefill")
+        self._kill("kill_prefill", "prefill")
+
+    def kill_decode(self) -> None:
+        self._kill("kill_decode", "decode")
+
+    def kill_router(self) -> None:
+        self._kill("kill_router", "router")
+
+    def _kill(self, kind: str, role: str) -> None:
+        name = self._pick(kind, role)
         if name is None:
             return
-        self.faulty.add(name)
-        os.killpg(self._proc(name).pid, signal.SIGKILL)
-        self.event("kill_prefill", name, "SIGKILL" + ("" if self.f.restart else ", not restarted"))
-        if self.f.restart:
-            self._spawn(self._restart, name)
+        child = self.sup.children[name]
+        restarts = child.restarts
+        os.killpg(child.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        self.event(kind, name, "SIGKILL")
 
-    def _restart(self, name: str) -> None:
-        time.sleep(1.0)
-        self.restarts += 1
-        spec: ProcessSpec = dataclasses.replace(self.current[name], name=f"{name}.r{self.restarts}")
-        self.current[name] = spec
-        self.running.sup.start([spec])
-        deadline = time.monotonic() + self.start_timeout_s
-        from pdsdk.matrix.runner import answers
-
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if self.running.sup.procs[spec.name].poll() is not None:
-                self.event("restart_failed", name, f"exited with {self.running.sup.procs[spec.name].returncode}")
-                return
-            if answers(spec.url + spec.health_path):
-                self.event("restarted", name, f"healthy again as {spec.name}")
-                self.faulty.discard(name)
-                return
-            time.sleep(0.5)
+        def back() -> None:  # the Supervisor restarts it; faulty until it is healthy again
+            while not self.stop.wait(0.5):
+                if child.restarts > restarts and child.state == "healthy":
+                    self.event("restarted", name, f"healthy again {time.monotonic() - killed:.0f} s after the kill")
+                    self.faulty = None
+                    return
+        self._spawn(back)
 
     def stall_prefill(self) -> None:
-        name = self._pick("stall_prefill")
+        name = self._pick("stall_prefill", "prefill")
         if name is None:
             return
-        self.faulty.add(name)
-        pid = self._proc(name).pid
+        pid = self.sup.children[name].proc.pid
         os.killpg(pid, signal.SIGSTOP)
         self.event("stall_prefill", name, f"SIGSTOP {self.f.stall_s:.0f}s")
 
@@ -162,7 +160,7 @@ class Chaos:
                 os.killpg(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            self.faulty.discard(name)
+            self.faulty = None
         self._spawn(resume)
 
     def store_outage(self) -> None:
@@ -187,10 +185,10 @@ class Chaos:
         self.stop.set()
         for t in self._threads:
             t.join(30)
-        for name in self.current:  # nothing stays stopped
+        for child in self.sup.children.values():  # nothing stays stopped
             try:
-                os.killpg(self._proc(name).pid, signal.SIGCONT)
-            except (ProcessLookupError, KeyError):
+                os.killpg(child.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
                 pass
 
 
@@ -199,7 +197,7 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
     from pdsdk.matrix.runner import launch
 
     opts = runner.opts
-    cell = Cell(f.engine, f.prefill, 1, f.transport, "redis", group="faults")
+    cell = Cell(f.engine, f.prefill, f.decode, f.transport, "redis", group="faults")
     out: dict[str, Any] = {"cell": cell.id, "requests": f.requests, "rate": f.rate, "deadline_s": f.deadline_s,
                            "options": dataclasses.asdict(f), "ok": False}
     reason = why_not(cell, opts.gpus)
@@ -216,11 +214,18 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
     try:
         running = launch(cell, opts, log_dir, status, router_args=ROUTER_ARGS, store=store)
         out["start_s"] = round(time.monotonic() - t0, 1)
-        chaos = Chaos(running, redis, f, opts.start_timeout_s, status)
+        chaos = Chaos(running, redis, f)
         workload = chaos_workload(f, opts.vocab)
         load = correctness.load_options(running.url, running.plan.served_name, concurrency=0, rate=f.rate,
                                         timeout_s=f.deadline_s * 2)
-        load.warmup = 1
+        load.warmup, load.retries = 1, CLIENT_RETRIES
+
+        def keep_up() -> None:  # what `pdsdk launch` does once ready: restart what dies
+            try:
+                running.sup.watch()
+            except Exception as e:  # noqa: BLE001 - reported
+                out["error"] = f"the launcher gave up: {e}"
+        threading.Thread(target=keep_up, daemon=True).start()
         done = [0]
 
         def progress(res) -> None:
@@ -233,6 +238,8 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
         chaos.finish()
         injector.join(5)
         out.update(judge(results, expected, f.deadline_s))
+        out["client_retries"] = sum(r.retries for r in results)
+        out["restarts"] = {name: c.restarts for name, c in running.sup.children.items() if c.restarts}
         out["duration_s"] = round(wall, 1)
         out["events"] = chaos.events
         counts: dict[str, int] = {}
@@ -247,7 +254,7 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
         out["store"] = metrics["store"]
         out["exact"] = opts.judges_exactly(f.engine)  # else different outputs are reported, not judged
         out["ok"] = (out["lost"] == 0 and out["late"] == 0 and (out["wrong"] == 0 or not out["exact"])
-                     and (bool(counts) or not f.kinds))
+                     and (bool(counts) or not f.kinds) and "error" not in out)
     except Exception as e:  # noqa: BLE001 - reported, never raised
         out["error"] = f"{type(e).__name__}: {e}"
         if running is not None:
@@ -264,18 +271,19 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
 
 
 def judge(results, expected: dict[int, Any], deadline_s: float) -> dict[str, Any]:
-    """Lost (never completed, or a stream cut short: its output a strict prefix of the baseline's), wrong
-    (completed with an output that differs from the baseline's) and late (completed after the deadline)
-    requests, with the first examples of each."""
-    lost, ok, wrong, reasons = [], [], [], set()
+    """Lost (failed before its first token, or a stream that ended early with no error: its output a
+    strict prefix of the baseline's), cut (failed after its first token: an error event, or the
+    connection closed), wrong (completed with an output that differs from the baseline's) and late
+    (completed after the deadline) requests, with the first examples of each."""
+    lost, cut, ok, wrong, reasons, cut_reasons = [], [], [], [], set(), set()
     for r in results:
         got, want = correctness.output_of(r), expected.get(r.index)
         if not r.ok:
-            lost.append(r)
-            reasons.add(r.error)
+            (cut if r.ttft_s > 0 else lost).append(r)
+            (cut_reasons if r.ttft_s > 0 else reasons).add(r.error)
         elif got != want and want is not None and len(got) < len(want) and list(want[:len(got)]) == list(got):
             lost.append(r)
-            reasons.add(f"stream cut after {len(got)} of {len(want)} tokens")
+            reasons.add(f"stream ended after {len(got)} of {len(want)} tokens without an error event")
         else:
             ok.append(r)
             if got != want:
@@ -287,6 +295,6 @@ def judge(results, expected: dict[int, Any], deadline_s: float) -> dict[str, Any
         pos = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
         examples.append({"index": r.index, "position": pos, "expected": want[max(0, pos - 2):pos + 6],
                          "got": got[max(0, pos - 2):pos + 6], "lengths": [len(want), len(got)]})
-    return {"completed": len(ok), "lost": len(lost), "wrong": len(wrong), "late": len(late),
-            "checked": len(ok), "lost_reasons": sorted(reasons)[:5], "wrong_examples": examples,
-            "e2e_ms_max": round(max((r.e2e_s for r in ok), default=0) * 1e3, 1)}
+    return {"completed": len(ok), "lost": len(lost), "cut": len(cut), "wrong": len(wrong), "late": len(late),
+            "checked": len(ok), "lost_reasons": sorted(reasons)[:5], "cut_reasons": sorted(cut_reasons)[:5],
+            "wrong_examples": examples, "e2e_ms_max": round(max((r.e2e_s for r in ok), default=0) * 1e3, 1)}

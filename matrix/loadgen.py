@@ -2,9 +2,9 @@
 
 Arrivals follow a Poisson process at `rate` requests/s (inf: all at once), capped by `concurrency`
 requests in flight; agent sessions arrive the same way and then run their turns in order. TTFT is
-the time to the first chunk carrying text; ITL the gaps between later chunks; E2E the whole
-request. Output tokens come from the final `usage` chunk (`stream_options.include_usage`), else
-from the chunk count.
+the time to the first chunk carrying a token (text, or token ids); ITL the gaps between later
+chunks; E2E the whole request. Output tokens come from the final `usage` chunk
+(`stream_options.include_usage`), else from the chunk count.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class LoadOptions:
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. return_token_ids)
     keep_output: bool = False  # keep each request's text and token ids (`pdsdk matrix` checks them)
+    # Send again a request whose connection failed before any answer (the server never took it), after
+    # 0.5 s, then 1 s, ...: what OpenAI's client does by default (max_retries 2).
+    retries: int = 0
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Result:
     index: int = -1  # position in the workload (random dataset), to match outputs to their prompt
     text: str = ""  # with LoadOptions.keep_output
     token_ids: list[int] | None = None  # with keep_output and an engine that streams them (return_token_ids)
+    retries: int = 0  # times it was sent again (LoadOptions.retries)
 
 
 def base_url(url: str) -> str:
@@ -89,7 +93,8 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
     res.start_s = start - t0
     last, chunks, usage = None, 0, None
     try:
-        async with session.post(base_url(opts.url) + "/completions", data=json.dumps(body), headers=headers) as resp:
+        resp = await _post(session, base_url(opts.url) + "/completions", json.dumps(body), headers, opts.retries, res)
+        async with resp:
             if resp.status != 200:
                 res.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return res
@@ -100,6 +105,9 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
                 if data == b"[DONE]":
                     break
                 msg = json.loads(data)
+                if isinstance(msg.get("error"), dict):  # the server ended the stream with an error event
+                    res.error = f"error event: {msg['error'].get('message')}"[:300]
+                    continue
                 if msg.get("usage"):
                     usage = msg["usage"]
                 if opts.keep_output:
@@ -107,7 +115,7 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
                         res.text += c.get("text") or ""
                         if c.get("token_ids") is not None:
                             res.token_ids = (res.token_ids or []) + list(c["token_ids"])
-                if not any(c.get("text") for c in msg.get("choices") or ()):
+                if not any(c.get("text") or c.get("token_ids") for c in msg.get("choices") or ()):  # a token (its text may be empty)
                     continue
                 now = time.perf_counter()
                 if last is None:
@@ -121,9 +129,22 @@ async def send(session: aiohttp.ClientSession, opts: LoadOptions, model: str, re
     res.e2e_s = time.perf_counter() - start
     res.output_tokens = int(usage["completion_tokens"]) if usage else chunks
     res.prompt_tokens = int(usage["prompt_tokens"]) if usage else res.prompt_tokens
-    res.ok = chunks > 0
-    res.error = "" if res.ok else "the stream ended without any text"
+    res.ok = chunks > 0 and not res.error
+    if not chunks and not res.error:
+        res.error = "the stream ended without any text"
     return res
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: str, headers: dict[str, str], retries: int,
+                res: Result) -> aiohttp.ClientResponse:
+    while True:
+        try:
+            return await session.post(url, data=body, headers=headers)
+        except aiohttp.ClientConnectionError:  # no answer at all
+            if res.retries >= retries:
+                raise
+            await asyncio.sleep(0.5 * 2 ** res.retries)
+            res.retries += 1
 
 
 class _Arrivals:

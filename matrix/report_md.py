@@ -172,14 +172,21 @@ def faults_section(f: dict[str, Any] | None) -> str:
            f"`{f.get('cell', '?')}`, {f.get('requests')} requests at {f.get('rate')}/s, deadline {f.get('deadline_s')} s"
            + (f", machine load average {f['loadavg_1m']} at the end" if f.get("loadavg_1m") is not None else "")
            + "; " f"faults: {', '.join(f'{k} x{v}' for k, v in (f.get('fault_counts') or {}).items()) or 'none injected'}.", "",
-           table(["requests", "completed", "lost", "wrong outputs", "past deadline", "goal 0/0/0", "router retries"],
-                 [[str(f.get("requests")), str(f.get("completed")), str(f.get("lost")),
+           table(["requests", "completed", "lost before the first token", "cut mid-stream", "wrong outputs",
+                  "past deadline", "goal 0/0/0", "router retries", "client retries"],
+                 [[str(f.get("requests")), str(f.get("completed")), str(f.get("lost")), str(f.get("cut", "-")),
                    f"{f.get('wrong')}" + ("" if f.get("exact", True) else " (not judged: no batch-invariant mode)"),
-                   str(f.get("late")), verdict, _f(f.get("router_retries"), 0)]]), ""]
+                   str(f.get("late")), verdict, _f(f.get("router_retries"), 0), str(f.get("client_retries", "-"))]]),
+           ""]
+    kinds = fault_rows(f.get("events") or [])
+    if kinds:
+        out += [table(["fault", "injected", "targets", "healthy again after (s)"], kinds), ""]
     if f.get("error"):
         out += [f"Run error: {_escape(f['error'])}", ""]
     if f.get("lost_reasons"):
         out += ["Lost requests: " + "; ".join(f"`{_escape(r)[:160]}`" for r in f["lost_reasons"]), ""]
+    if f.get("cut_reasons"):
+        out += ["Cut streams: " + "; ".join(f"`{_escape(r)[:160]}`" for r in f["cut_reasons"]), ""]
     for w in f.get("wrong_examples") or []:
         out += [f"{'Wrong' if exact else 'Different'} output: request {w['index']} differs from token {w['position']} "
                 f"(lengths {w['lengths'][0]} vs {w['lengths'][1]}): expected `{w['expected']}`, got `{w['got']}`", ""]
@@ -194,8 +201,26 @@ def faults_section(f: dict[str, Any] | None) -> str:
         out += ["Fault timeline (s from the start of the load): "
                 + "; ".join(f"{e['t']:.0f} {e['kind']} {e['target']}" + (f" ({e['note']})" if e.get("note") else "")
                             for e in events[:30])
-                + (f"; {skipped} more not injected (a prefill was already down, or none would have been left)." if skipped else "."), ""]
+                + (f"; {skipped} more not injected (a process was already down, or none of its role would have "
+                   "been left)." if skipped else "."), ""]
     return "\n".join(out)
+
+
+def fault_rows(events: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per fault kind: times injected, targets, and for kills how long until the killed
+    process was healthy again (its `restarted` event)."""
+    rows: dict[str, list] = {}
+    for i, e in enumerate(events):
+        if e["kind"] == "restarted" or "skipped" in e.get("note", ""):
+            continue
+        row = rows.setdefault(e["kind"], [0, set(), []])
+        row[0] += 1
+        row[1].add(e["target"])
+        back = next((b for b in events[i + 1:] if b["kind"] == "restarted" and b["target"] == e["target"]), None)
+        if e["kind"].startswith("kill_") and back is not None:
+            row[2].append(f"{back['t'] - e['t']:.0f}")
+    return [[f"`{kind}`", str(n), ", ".join(sorted(targets)), ", ".join(backs) or "-"]
+            for kind, (n, targets, backs) in rows.items()]
 
 
 # --- whole sections -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from pdsdk.errors import PdsdkError
 from pdsdk.launch.plan import LaunchOptions, LaunchPlan, ProcessSpec, build_plan
+from pdsdk.launch.restart import RestartPolicy
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.matrix import correctness
 from pdsdk.matrix.cells import Cell, Phase
@@ -165,7 +166,8 @@ def launch(cell: Cell, opts: MatrixOptions, log_dir: Path, status: Status, *, wo
     plan.router.cmd += list(router_args)
     for w in plan.workers:
         w.env.update({**opts.engine_env(cell.engine), **(worker_env or {})})
-    sup = Supervisor(plan, log_dir, console=Console(file=io.StringIO()), echo=False)
+    sup = Supervisor(plan, log_dir, console=Console(file=io.StringIO()), echo=False,
+                     restart=RestartPolicy(start_timeout_s=opts.start_timeout_s))
     running = Running(plan, sup, servers)
     try:
         for wave in plan.waves:

@@ -14,6 +14,7 @@ ENGINES = ("vllm", "sglang")
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    listen_fd: int | None = None  # a listening socket inherited from `pdsdk launch`, kept across router restarts
     engine: str = "vllm"
     workers: list[str] = field(default_factory=list)  # plain mode
     prefill: list[str] = field(default_factory=list)  # PD mode; SGLang: "URL [BOOTSTRAP_PORT]"

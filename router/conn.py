@@ -14,6 +14,8 @@ each client connection goes through a `Gate` (installed by `GateSite`):
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import json
 import logging
@@ -225,11 +227,13 @@ class Conn(asyncio.Protocol):
 
 
 class GateSite(web.BaseSite):
-    """A TCP site whose connections pass through `gate`."""
+    """A TCP site whose connections pass through `gate`: on host:port, or on a listening socket
+    handed down by a launcher (`sock`)."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: Gate, backlog: int = 2048):
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: Gate, backlog: int = 2048,
+                 sock: Any = None):
         super().__init__(runner, backlog=backlog)
-        self.host, self.port, self.gate = host, port, gate
+        self.host, self.port, self.gate, self.sock = host, port, gate, sock
 
     @property
     def name(self) -> str:
@@ -238,7 +242,8 @@ class GateSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         factory = self._runner.server
+        where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: Conn(self.gate, factory()), self.host, self.port, backlog=self._backlog)
+            lambda: Conn(self.gate, factory()), backlog=self._backlog, **where)
 
 

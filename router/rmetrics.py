@@ -13,6 +13,9 @@ LOCAL_PREFILL = Counter("pdsdk_router_local_prefill",
 MISSING_PARAMS = Counter("pdsdk_router_pd_missing_kv_transfer_params",
                          "vLLM prefill responses without kv_transfer_params (no KV connector there?)",
                          ["worker"])
+STREAM_CUT = Counter("pdsdk_router_stream_cut", "Streams ended early with an error event after their start: reason "
+                     "worker_failed (its connection broke), silent (past --first-token-timeout) or deadline",
+                     ["reason"])
 CLIENT_CANCELLED = Counter("pdsdk_router_client_cancelled", "Requests whose client went away")
 TTFB = Histogram("pdsdk_router_first_byte_seconds", "Router receive to first response byte sent",
                  buckets=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100))

@@ -7,6 +7,7 @@ import functools
 import gc
 import logging
 import signal
+import socket
 import time
 
 import aiohttp
@@ -87,8 +88,8 @@ class Router:
         app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.gate.middleware])
         routes = [("POST", "/v1/completions", self.handle_generate), ("POST", "/v1/chat/completions",
                   self.handle_generate), ("GET", "/v1/models", self.handle_models),
-                  ("GET", "/health", self.handle_health), ("GET", "/metrics", self.handle_metrics),
-                  *admin.routes(self)]
+                  ("GET", "/health", self.handle_health), ("GET", "/live", self.handle_live),
+                  ("GET", "/metrics", self.handle_metrics), *admin.routes(self)]
         for method, path, handler in routes:
             app.router.add_route(method, path, handler, expect_handler=expect_handler)
         # every other path or method: our answer, through our Expect handler (not aiohttp's, see there)
@@ -180,6 +181,10 @@ class Router:
         return web.json_response({"status": "ok" if ok else "unavailable", "usable_workers": usable},
                                  status=200 if ok else 503)
 
+    async def handle_live(self, request: web.Request) -> web.Response:
+        """Liveness: the router answers (readiness, with usable workers, is /health)."""
+        return web.Response(text="ok")
+
     async def handle_metrics(self, request: web.Request) -> web.Response:
         for p in self.policies.values():
             st = p.stats()
@@ -220,15 +225,31 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
                            auto_decompress=False)
     await runner.setup()
     router.gate.max_connections = fit_to_fd_limit(cfg.max_connections)
-    site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048)
     try:
+        sock = _inherited(cfg.listen_fd) if cfg.listen_fd is not None else None
+        site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048, sock=sock)
         await site.start()
+    except ConfigError:
+        await runner.cleanup()
+        raise
     except OSError as e:
         await runner.cleanup()
         raise ConfigError("--port", f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); pick another "
                                     "--port or stop what listens there") from None
     port = runner.addresses[0][1]
     return router, runner, port
+
+
+def _inherited(fd: int) -> socket.socket:
+    """The listening socket a launcher passed down: connections wait in its backlog while a router restarts."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ConfigError("--listen-fd", f"{fd} is not an open socket ({e.strerror or e})") from None
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise ConfigError("--listen-fd", f"{fd} is not a TCP socket")
+    return sock
 
 
 def run(cfg: RouterConfig) -> None:

@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from pdsdk.router import rmetrics
 from pdsdk.router.h1 import H1Pool, Response
 from pdsdk.router.workers import Worker
 
@@ -101,10 +102,13 @@ def passthrough(status: int, data: bytes, content_type: str | None, request_id: 
                         headers={"X-Request-Id": request_id})
 
 
-def sse_error(message: str, code: int = 502) -> bytes:
-    """An error event in the OpenAI streaming shape, sent when a stream breaks after its start."""
+def sse_error(message: str, code: int, cut: str) -> bytes:
+    """How a stream that broke after its start ends, counted by `cut` (why): an error event in
+    the OpenAI streaming shape (OpenAI's client raises it as an APIError), then `data: [DONE]`
+    (as vLLM ends its own failed streams) for clients that read until it."""
+    rmetrics.STREAM_CUT.labels(cut).inc()
     return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error",
-                                             "code": code}}).encode() + b"\n\n"
+                                             "code": code}}).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 _HIGH, _LOW = 256 << 10, 64 << 10  # client write buffer: stop / restart reading from the worker
@@ -182,17 +186,17 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
         opened.worker.breaker.record(False)
         opened.worker.last_error = _reason(e)
         log.warning("stream from %s broke: %s", opened.worker.url, _reason(e))
-        return sse_error(f"worker failed mid-stream: {_reason(e)}")
+        return sse_error(f"worker failed mid-stream: {_reason(e)}", 502, "worker_failed")
 
     def on_expired() -> bytes:
         if sys.version_info >= (3, 11):
             task.uncancel()
         up.close()
         if expired == "deadline":
-            return sse_error("request deadline passed", 504)
+            return sse_error("request deadline passed", 504, "deadline")
         opened.worker.breaker.record(False)
         opened.worker.last_error = "silent mid-stream"
-        return sse_error("worker failed mid-stream: silent too long")
+        return sse_error("worker failed mid-stream: silent too long", 502, "silent")
 
     timer = loop.call_at(min(loop.time() + gap_timeout, deadline), watchdog)
     try:
@@ -219,7 +223,7 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
             while True:
                 now = loop.time()
                 if now >= deadline:
-                    await out.write(sse_error("request deadline passed", 504))
+                    await out.write(sse_error("request deadline passed", 504, "deadline"))
                     break
                 reading, waiting = now, True
                 try:

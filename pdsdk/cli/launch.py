@@ -33,6 +33,15 @@ def register(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model folder)")
     p.add_argument("--log-dir", default=None, help="per-process logs (default ./pdsdk-logs/<time>)")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for health (default 900)")
+    p.add_argument("--restart", choices=("on-failure", "always", "never"), default="on-failure",
+                   help="once serving, start a process that dies or hangs again on its port: on-failure (default; "
+                        "not after a clean exit), always, or never (any death stops everything)")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts of one process in a row (10 healthy minutes start the count again) before the "
+                        "launcher gives up and stops everything (default 5)")
+    p.add_argument("--unhealthy-timeout", type=float, default=60,
+                   help="seconds a running process may fail its health check before it is killed and restarted "
+                        "(default 60)")
     p.add_argument("--quiet", action="store_true", help="do not echo the processes' log lines")
     p.add_argument("--dry-run", action="store_true", help="print the commands and environment; start nothing")
     p.add_argument("--emit", nargs=2, metavar=("k8s", "DIR"), help="write Kubernetes manifests to DIR; start nothing")
@@ -60,17 +69,19 @@ def run(args) -> int:
     from rich.console import Console
 
     from pdsdk.launch.plan import build_plan
+    from pdsdk.launch.restart import RestartPolicy
 
     console = Console()
     opts = options_from_args(args)
     plan = build_plan(opts)
+    restart = RestartPolicy(args.restart, args.max_restarts, args.unhealthy_timeout, args.start_timeout)
     if args.emit:
         from pdsdk.launch import k8s
 
         if args.emit[0] != "k8s":
             console.print(f"[red]--emit {args.emit[0]}: only k8s is supported[/]")
             return 2
-        for path in k8s.write(k8s.manifests(plan, opts, args.image, args.router_image), args.emit[1]):
+        for path in k8s.write(k8s.manifests(plan, opts, args.image, args.router_image, restart), args.emit[1]):
             console.print(f"wrote {path}")
         return 0
     if args.dry_run:
@@ -80,22 +91,23 @@ def run(args) -> int:
             print(f"{env + ' ' if env else ''}{shlex.join(spec.cmd)}\n")
         return 0
     log_dir = Path(args.log_dir or Path("pdsdk-logs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    return serve(plan, log_dir, console, args.start_timeout, echo=not args.quiet)
+    return serve(plan, log_dir, console, args.start_timeout, echo=not args.quiet, restart=restart)
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def serve(plan, log_dir: Path, console, start_timeout: float, echo: bool = True, after_start=None) -> int:
-    """Start, wait for health, then run `after_start(plan)` (the demo) or supervise until Ctrl-C."""
+def serve(plan, log_dir: Path, console, start_timeout: float, echo: bool = True, after_start=None,
+          restart=None) -> int:
+    """Start, wait for health, then run `after_start(plan)` (the demo) or keep it up until Ctrl-C."""
     from pdsdk.launch.plan import require_engine
     from pdsdk.launch.supervisor import ChildDied, Supervisor
     from pdsdk.ports import require_free
 
     require_engine(plan.engine)  # now, not from a worker's log after the others have started
     require_free(plan.host, plan.router.port, "--port")  # now, not after the engines have loaded
-    sup = Supervisor(plan, log_dir, console, echo=echo)
+    sup = Supervisor(plan, log_dir, console, echo=echo, restart=restart)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as cleanly as Ctrl-C
     try:
         for wave in plan.waves:
@@ -103,7 +115,8 @@ def serve(plan, log_dir: Path, console, start_timeout: float, echo: bool = True,
             sup.wait_healthy(wave, start_timeout)
         sup.start([plan.router])
         sup.wait_healthy([plan.router], 60)
-        console.print(f"\n[bold green]ready[/]: {plan.endpoint}  (model {plan.served_name!r}; logs in {log_dir})")
+        console.print(f"\n[bold green]ready[/]: {plan.endpoint}  (model {plan.served_name!r}; logs in {log_dir}, "
+                      f"processes and restarts in {log_dir}/status.json)")
         console.print(f"try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
                       f"-d '{{\"model\": \"{plan.served_name}\", \"messages\": [{{\"role\": \"user\", "
                       f"\"content\": \"Hello!\"}}], \"max_tokens\": 32}}'")

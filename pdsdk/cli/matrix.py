@@ -28,9 +28,9 @@ PRESETS = {
 # Load per cell: the seed's (GPU) and a CPU scale that keeps a cell to a minute on 2 cores with the tiny model.
 SCALES = {
     "gpu": {"isl": 1024, "osl": 256, "num_prompts": 200, "request_rate": 20.0, "low": (50, 5.0),
-            "fault_requests": 500, "fault_rate": 10.0, "deadline": 120.0},
+            "fault_requests": 3000, "fault_rate": 10.0, "deadline": 120.0},
     "cpu": {"isl": 256, "osl": 32, "num_prompts": 24, "request_rate": 4.0, "low": (8, 1.0),
-            "fault_requests": 60, "fault_rate": 1.0, "deadline": 120.0},
+            "fault_requests": 400, "fault_rate": 1.0, "deadline": 120.0},
 }
 
 
@@ -48,11 +48,13 @@ def register(sub) -> None:
     a("--seed-tables", action="store_true", help="also the seed article's layouts: single vs TP=2 vs PD 1P1D at low and "
                                                 "high load, prefix cache cold/warm/flush, chunked prefill off, FP8 KV")
     a("--faults", action="store_true",
-      help="also a chaos run: prefill kills, stalled transfers, a store outage (2P1D on GPUs, 1P1D on CPU)")
-    a("--fault-requests", type=int, default=None, help="requests in the chaos run (default 500 on GPUs, 60 on CPU)")
+      help="also a chaos run: killed prefill and decode workers and router (restarted by the launcher), stalled "
+           "transfers, a store outage (2P2D on GPUs, 1P2D on CPU)")
+    a("--fault-requests", type=int, default=None, help="requests in the chaos run (default 3000 on GPUs, 400 on CPU: "
+                                                       "long enough for each kind once, restarts included)")
     a("--fault-rate", type=float, default=None, help="chaos arrivals per second (default 10 on GPUs, 1 on CPU)")
-    a("--fault-kinds", default="stall_prefill,store_outage,kill_prefill",
-      help="chaos: faults to inject (default all three); 'none' runs the same load without faults (a control)")
+    a("--fault-kinds", default="stall_prefill,store_outage,kill_decode,kill_router,kill_prefill",
+      help="chaos: faults to inject (default all five); 'none' runs the same load without faults (a control)")
     a("--deadline", type=float, default=None, help="chaos: seconds a request may take before it counts as late "
                                                    "(default 120)")
     a("--model", default=None, help="model folder or name (default: the tiny local model, made under --out)")
@@ -201,7 +203,7 @@ def run(args) -> int:
         faults = FaultOptions(requests=args.fault_requests or scale["fault_requests"],
                               rate=args.fault_rate or scale["fault_rate"], deadline_s=args.deadline or scale["deadline"],
                               transport=C_first(sel["transports"]), engine=C_first(sel["engines"]),
-                              prefill=2 if gpus else 1, restart=bool(gpus), kinds=fault_kinds(args.fault_kinds))
+                              prefill=2 if gpus else 1, kinds=fault_kinds(args.fault_kinds))
     runnable = [c for c in cells if not c.skip]
     total = len(runnable) + (1 if faults else 0)
     console.print(f"[bold]pdsdk matrix[/]: {len(cells)} cells ({len(cells) - len(runnable)} cannot run here), "

@@ -23,6 +23,9 @@ def register(sub) -> None:
     a = p.add_argument
     a("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it: set keys)")
     a("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    a("--listen-fd", type=int, default=None, metavar="FD",
+      help="serve on this inherited listening socket instead of binding --host/--port (pdsdk launch passes "
+           "its own: connections wait in its backlog while a router restarts)")
     a("--engine", choices=("vllm", "sglang"), default="vllm", help="PD protocol the workers speak (default vllm)")
     a("--worker", action="append", default=[], metavar="URL", help="plain-mode worker URL (repeatable)")
     a("--prefill", action="append", nargs="+", default=[], metavar="URL [BOOTSTRAP_PORT]",
@@ -110,7 +113,7 @@ def config_from_args(args):
     from pdsdk.router.config import RouterConfig
 
     return RouterConfig(
-        host=args.host, port=args.port, engine=args.engine, workers=args.worker,
+        host=args.host, port=args.port, listen_fd=args.listen_fd, engine=args.engine, workers=args.worker,
         prefill=[" ".join(p) for p in args.prefill], decode=args.decode, policy=args.policy,
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
         policy_options=_policy_options(args.policy_option), kv_events=_pairs(args.kv_events, "kv-events"),

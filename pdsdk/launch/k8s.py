@@ -1,13 +1,17 @@
 """`pdsdk launch --emit k8s DIR`: the same deployment as Kubernetes manifests.
 
 A ConfigMap holds the pdsdk config; prefill and decode are Deployments with their own replica
-counts, GPU requests and readiness probes; the router is a Deployment behind a Service. Workers are
-reached through their Services (per-pod routing needs etcd discovery: docs/launch.md).
+counts, GPU requests and probes; the router is a Deployment behind a Service. Workers are reached
+through their Services (per-pod routing needs etcd discovery: docs/launch.md). What the launcher's
+restarts do, the kubelet does: a startup probe gives a worker --start-timeout to load, a liveness
+probe restarts a container failing its health for --unhealthy-timeout (restartPolicy Always), and a
+readiness probe takes a pod out of its Service while it cannot serve.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +19,20 @@ import yaml
 
 from pdsdk.errors import ConfigError
 from pdsdk.launch.plan import LaunchOptions, LaunchPlan
+from pdsdk.launch.restart import RestartPolicy
 
 WORKER_PORT = 8000
 ROUTER_PORT = 8000
 LABEL = "app.kubernetes.io/part-of"
+PROBE_PERIOD_S = 10
 
 
-def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: str) -> list[dict[str, Any]]:
+def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: str,
+              restart: RestartPolicy | None = None) -> list[dict[str, Any]]:
+    restart = restart or RestartPolicy()
+    if restart.mode == "never":
+        raise ConfigError("--restart", "a Deployment's pods are always restarted (restartPolicy: Always); "
+                                       "--restart never has no Kubernetes form")
     if plan.ipc_dir:
         raise ConfigError("--policy", "kv_events reads each worker's own event stream, and these manifests put "
                                       "a role's replicas behind one Service; use prefix (or least_load) here, or "
@@ -36,14 +47,16 @@ def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: s
     for role, spec in roles.items():
         args = _container_args(spec.cmd, WORKER_PORT)
         out.append(_deployment(f"{name}-{role}", role, counts[role], image, args, WORKER_PORT,
-                               gpus=opts.tp if opts.gpus else 0, config=True))
+                               gpus=opts.tp if opts.gpus else 0, config=True,
+                               probes=_probes("/health", "/health", WORKER_PORT, restart)))
         out.append(_service(f"{name}-{role}", role, WORKER_PORT))
     router_args = ["pdsdk", "router", "--engine", opts.engine, "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
                    "--policy", opts.policy]
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("worker", "--worker")):
         if role in roles:
             router_args += [flag, f"http://{name}-{role}:{WORKER_PORT}"]
-    out.append(_deployment(f"{name}-router", "router", 1, router_image, router_args, ROUTER_PORT, gpus=0, config=False))
+    out.append(_deployment(f"{name}-router", "router", 1, router_image, router_args, ROUTER_PORT, gpus=0, config=False,
+                           probes=_probes("/live", "/health", ROUTER_PORT, restart)))
     out.append(_service(f"{name}-router", "router", ROUTER_PORT))
     return out
 
@@ -68,17 +81,28 @@ def _container_args(cmd: list[str], port: int) -> list[str]:
     return args
 
 
+def _probes(live: str, ready: str, port: int, restart: RestartPolicy) -> dict[str, Any]:
+    """Startup (the first load may take --start-timeout), liveness (restart after failing health for
+    --unhealthy-timeout) and readiness (out of the Service while it cannot serve)."""
+    def get(path: str, **kw: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": port}, "timeoutSeconds": 5, **kw}
+    return {"startupProbe": get(live, periodSeconds=PROBE_PERIOD_S,
+                                failureThreshold=math.ceil(restart.start_timeout_s / PROBE_PERIOD_S)),
+            "livenessProbe": get(live, periodSeconds=PROBE_PERIOD_S,
+                                 failureThreshold=max(1, math.ceil(restart.unhealthy_s / PROBE_PERIOD_S))),
+            "readinessProbe": get(ready, periodSeconds=5, failureThreshold=3)}
+
+
 def _deployment(name: str, role: str, replicas: int, image: str, args: list[str], port: int, gpus: int,
-                config: bool) -> dict[str, Any]:
+                config: bool, probes: dict[str, Any]) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": role, "image": image, "command": args[:1], "args": args[1:],
-        "ports": [{"containerPort": port, "name": "http"}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5, "failureThreshold": 3},
+        "ports": [{"containerPort": port, "name": "http"}], **probes,
         "env": [{"name": "PDSDK_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     }
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    pod: dict[str, Any] = {"containers": [container]}
+    pod: dict[str, Any] = {"restartPolicy": "Always", "containers": [container]}
     if config:  # SGLang workers read it through PDSDK_CONFIG; vLLM's carry it in --kv-transfer-config too
         container["env"].append({"name": "PDSDK_CONFIG", "value": "@/etc/pdsdk/pdsdk.json"})
         container["volumeMounts"] = [{"name": "pdsdk-config", "mountPath": "/etc/pdsdk"}]

@@ -38,7 +38,9 @@ class ProcessSpec:
     cmd: list[str]
     env: dict[str, str] = field(default_factory=dict)  # on top of the launcher's environment
     port: int = 0
-    health_path: str = "/health"
+    health_path: str = "/health"  # ready to serve (the launcher waits for it at start)
+    live_path: str = "/health"  # alive: failing this for --unhealthy-timeout gets the process restarted
+    listen: bool = False  # serves on a socket the launcher holds: no connection refused while it restarts
     kv_events: tuple[str, str] | None = None  # (events, replay) endpoints the worker publishes on
 
     @property
@@ -116,7 +118,7 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
     elif len(set(tps)) > 1:
         raise ConfigError("worker_gpus", "workers of different TP need their GPUs given per worker")
     else:
-        slots = placements(len(roles), opts.tp, opts.gpus)
+        slots = placements(len(roles), opts.tp, opts.gpus, roles)
     sharing, turns = gpu_sharing(slots)
     ipc_dir = _kv_events_dir(opts)
     counters: dict[str, int] = {}
@@ -128,7 +130,8 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
         cmd, env = _worker_command(opts, role, port, served, config, tp, share, events)
         env.update(placement)
         workers.append(ProcessSpec(name, role, cmd, env, port, kv_events=events))
-    router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port)
+    router = ProcessSpec("router", "router", _router_command(opts, workers), {}, opts.port, live_path="/live",
+                         listen=True)
     waves = [[w for w, t in zip(workers, turns) if t == turn] for turn in sorted(set(turns))]
     return LaunchPlan(opts.engine, opts.model, served, config, workers, router, opts.host, waves, ipc_dir)
 
@@ -171,10 +174,13 @@ def gpu_sharing(slots: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     return [max((users[g] for g in ids), default=1) for ids in gpus], turns
 
 
-def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
+def placements(n: int, tp: int, gpus: list[int] | None, roles: list[str] | None = None) -> list[dict[str, str]]:
     """CUDA_VISIBLE_DEVICES per worker on GPUs; a slice of the CPU cores per worker otherwise.
 
     A GPU id given twice (`--gpus 0,0,1`) is shared by two workers: each gets part of its memory.
+    On CPU, prefill workers and decode workers get cores of their own when there are enough (1P2D on
+    two cores: the prefill one, both decode workers the other): a decode worker polls its transfer
+    on its core without pause, and a prefill sharing that core could not serve the read it waits for.
     """
     if gpus:
         if len(gpus) < n * tp:
@@ -182,10 +188,20 @@ def placements(n: int, tp: int, gpus: list[int] | None) -> list[dict[str, str]]:
                                         "repeat an id to share a GPU (e.g. 0,0,1)")
         return [{"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus[i * tp:(i + 1) * tp]))} for i in range(n)]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    per = max(1, len(cores) // n)
-    out = []
-    for i in range(n):
-        mine = cores[(i * per) % len(cores):(i * per) % len(cores) + per] or cores[:1]
+    roles = roles or ["worker"] * n
+    prefills = roles.count("prefill")
+    if 0 < prefills < n and len(cores) > 1:  # split: prefill cores first, in proportion, one at least each side
+        split = min(len(cores) - 1, max(1, round(len(cores) * prefills / n)))
+        pools = {"prefill": cores[:split], "other": cores[split:]}
+    else:
+        pools = {"prefill": cores, "other": cores}
+    out, seen = [], {"prefill": 0, "other": 0}
+    for role in roles:
+        pool_name = "prefill" if role == "prefill" else "other"
+        pool, i = pools[pool_name], seen[pool_name]
+        seen[pool_name] += 1
+        per = max(1, len(pool) // (prefills if pool_name == "prefill" else n - prefills or n))
+        mine = pool[(i * per) % len(pool):(i * per) % len(pool) + per] or pool[:1]
         out.append({"VLLM_CPU_OMP_THREADS_BIND": f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0]),
                     "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
     return out

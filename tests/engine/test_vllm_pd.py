@@ -3,9 +3,12 @@ decode equal, token for token, those of one non-disaggregated vLLM on the same p
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 from engine.conftest import MAX_TOKENS, PROMPTS
 from engine.servers import VllmServer, pd_complete, start_all
+from helpers import eventually
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -72,3 +75,27 @@ def test_layout_mismatch_is_a_clear_error_and_the_answer_is_still_right(model, b
         prefill.stop()
         decode.stop()
 
+
+
+def kv_usage(server: VllmServer) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:kv_cache_usage_perc"))
+
+
+def test_a_prefill_whose_decode_never_reads_frees_its_pages_at_the_lease(model, tmp_path):
+    """The decode worker died (or the router gave up on it) after the prefill answered: nobody reads
+    the pages the prefill holds for it. They are freed when the lease runs out, not kept for good."""
+    prefill = VllmServer("prefill", model, tmp_path, cores="0-1", role="prefill",
+                         pdsdk_config={"transport": "nixl", "timeouts": {"lease_s": 6}})
+    start_all(prefill)
+    try:
+        for prompt in PROMPTS[1:4]:
+            prefill.complete({"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                              "kv_transfer_params": {"do_remote_decode": True}})
+        held = kv_usage(prefill)
+        assert held > 0, "the prefill holds no pages for its decode"
+        assert eventually(lambda: kv_usage(prefill) == 0, timeout=60, interval=1), kv_usage(prefill)
+        assert prefill.log_text().count("expired before every decode reader read it") == 3, prefill.tail()
+    finally:
+        prefill.stop()

@@ -55,6 +55,11 @@ def record(tier: str = "cpu", date: str = "2026-01-01T00:00:00") -> dict:
             "model": "/tmp/tiny", "versions": VERSIONS, "options": {}, "cells": cells + seed, "baselines": {},
             "duration_s": 600.0,
             "faults": {"cell": "vllm/2P1D/nixl/redis", "requests": 40, "rate": 1.0, "deadline_s": 120, "ok": True,
-                       "completed": 40, "lost": 0, "wrong": 0, "late": 0, "router_retries": 3.0,
-                       "fault_counts": {"kill_prefill": 1, "store_outage": 1},
-                       "events": [{"t": 5.0, "kind": "kill_prefill", "target": "prefill-1", "note": "SIGKILL"}]}}
+                       "completed": 38, "lost": 0, "cut": 2, "wrong": 0, "late": 0, "router_retries": 3.0,
+                       "client_retries": 1, "cut_reasons": ["error event: worker failed mid-stream"],
+                       "fault_counts": {"kill_prefill": 1, "kill_decode": 1, "store_outage": 1},
+                       "events": [{"t": 5.0, "kind": "kill_prefill", "target": "prefill-1", "note": "SIGKILL"},
+                                  {"t": 9.0, "kind": "kill_decode", "target": "-", "note": "skipped: one at a time"},
+                                  {"t": 47.0, "kind": "restarted", "target": "prefill-1", "note": "healthy again"},
+                                  {"t": 50.0, "kind": "kill_decode", "target": "decode-0", "note": "SIGKILL"},
+                                  {"t": 92.0, "kind": "restarted", "target": "decode-0", "note": "healthy again"}]}}

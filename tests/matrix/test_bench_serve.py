@@ -15,6 +15,7 @@ from pdsdk.ports import free_port
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import AgentSpec, Workload, random_requests
 from pdsdk.router.fakeworker import FakeWorker
+from pdsdk.router.harness import Harness
 
 
 async def _load(workload: Workload, **opts):
@@ -105,6 +106,31 @@ def test_failures_are_counted_with_their_reason():
     results, wall, _ = asyncio.run(go())
     s = summarize(results, wall)
     assert s["errors"] == 3 and "HTTP 503" in s["error_reasons"][0]
+
+
+def test_a_stream_ended_by_an_error_event_is_a_failure_after_its_first_token():
+    async def go():
+        async with Harness(plain=1, worker_opts={"chunks": 8}) as h:
+            h.plain[0].die_after = 3  # the worker's connection breaks: the router ends the stream with an error
+            return await run_load(LoadOptions(h.url, "fake-model", warmup=0),
+                                  Workload("random", num_prompts=2, isl=10, osl=8))
+    results, _, _ = asyncio.run(go())
+    assert all(not r.ok and r.ttft_s > 0 and "error event: worker failed mid-stream" in r.error for r in results)
+
+
+def test_retries_send_again_what_no_server_took():
+    async def go():
+        port = free_port()
+        worker = FakeWorker(chunks=2)
+        late = asyncio.get_running_loop().call_later(0.2, lambda: asyncio.ensure_future(worker.start(port=port)))
+        try:
+            return await run_load(LoadOptions(f"http://127.0.0.1:{port}", "fake-model", warmup=0, retries=2),
+                                  Workload("random", num_prompts=1, isl=10, osl=2))
+        finally:
+            late.cancel()
+            await worker.stop()
+    results, _, _ = asyncio.run(go())
+    assert results[0].ok and results[0].retries >= 1, results[0]
 
 
 @pytest.fixture

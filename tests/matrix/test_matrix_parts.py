@@ -8,7 +8,7 @@ import json
 import pytest
 from matrix.browser import assert_renders, chromium
 from matrix.fake_results import VERSIONS, record
-from helpers import REQUIRE_ALL, run_cli
+from helpers import REQUIRE_ALL, eventually, run_cli
 
 from pdsdk.errors import ConfigError
 from pdsdk.matrix import cells as C
@@ -96,16 +96,49 @@ def test_compare_finds_the_first_differing_token():
     assert correctness.compare({1: [5]}, {1: [0]}, exact=False)["ok"]  # FP8 KV: differences allowed
 
 
-def test_chaos_judge_counts_lost_wrong_and_late():
-    def res(i, ok=True, ids=(1, 2), e2e=1.0, error=""):
-        return Result(ok, 10, 2, 0.1, e2e, index=i, token_ids=list(ids), error=error)
+def test_chaos_judge_counts_lost_cut_wrong_and_late():
+    def res(i, ok=True, ids=(1, 2), e2e=1.0, error="", ttft=0.1):
+        return Result(ok, 10, 2, ttft, e2e, index=i, token_ids=list(ids), error=error)
 
-    expected = {0: [1, 2], 1: [1, 2], 2: [1, 2], 3: [1, 2], 4: [1, 2]}
-    out = judge([res(0), res(1, ids=(1, 3)), res(2, e2e=50.0), res(3, ok=False, error="HTTP 503"),
-                 res(4, ids=(1,))], expected, 30)
-    assert (out["completed"], out["lost"], out["wrong"], out["late"]) == (3, 2, 1, 1)
+    expected = {i: [1, 2] for i in range(6)}
+    out = judge([res(0), res(1, ids=(1, 3)), res(2, e2e=50.0), res(3, ok=False, error="HTTP 503", ttft=0.0),
+                 res(4, ids=(1,)), res(5, ok=False, ids=(1,), error="error event: worker failed mid-stream")],
+                expected, 30)
+    assert (out["completed"], out["lost"], out["cut"], out["wrong"], out["late"]) == (3, 2, 1, 1, 1)
     assert out["wrong_examples"][0]["index"] == 1 and out["wrong_examples"][0]["position"] == 1
-    assert out["lost_reasons"] == ["HTTP 503", "stream cut after 1 of 2 tokens"]
+    assert out["lost_reasons"] == ["HTTP 503", "stream ended after 1 of 2 tokens without an error event"]
+    assert out["cut_reasons"] == ["error event: worker failed mid-stream"]
+
+
+def test_chaos_faults_one_process_at_a_time_never_the_last_decode_and_waits_for_the_restart(monkeypatch):
+    from types import SimpleNamespace
+
+    from pdsdk.matrix import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "killpg", lambda pid, sig: killed.append(pid))
+    children = {name: SimpleNamespace(restarts=0, state="healthy", proc=SimpleNamespace(pid=pid))
+                for pid, name in enumerate(["prefill-0", "decode-0", "decode-1", "router"], start=10**7)}
+    plan = SimpleNamespace(workers=[SimpleNamespace(name=n, role=n.split("-")[0]) for n in list(children)[:3]],
+                           router=SimpleNamespace(name="router"))
+    chaos = faults.Chaos(SimpleNamespace(sup=SimpleNamespace(children=children), plan=plan), None,
+                         faults.FaultOptions(requests=1, rate=1, deadline_s=1, prefill=1))
+    try:
+        chaos.kill_decode()
+        victim = chaos.faulty
+        assert victim in ("decode-0", "decode-1") and killed == [children[victim].proc.pid]
+        chaos.kill_router()  # one at a time
+        assert killed == [children[victim].proc.pid] and "already down" in chaos.events[-1]["note"]
+        children[victim].restarts, children[victim].state = 1, "healthy"  # the Supervisor brought it back
+        assert eventually(lambda: chaos.faulty is None, 5)
+        assert chaos.events[-1]["kind"] == "restarted" and chaos.events[-1]["target"] == victim
+        chaos.roles["decode"] = ["decode-0"]
+        chaos.kill_decode()
+        assert chaos.faulty is None and "would leave no decode" in chaos.events[-1]["note"]
+        chaos.kill_prefill()  # vLLM: the last prefill may go, a decode worker serves alone
+        assert chaos.faulty == "prefill-0"
+    finally:
+        chaos.finish()
 
 
 def test_markdown_sections_merge_per_tier(tmp_path):
@@ -116,6 +149,9 @@ def test_markdown_sections_merge_per_tier(tmp_path):
     assert "Hand-written intro stays." in text and "<!-- pdsdk-matrix:cpu begin -->" in text
     assert "`vllm/1P1D/nixl/none`" in text and "**failed**" in text and "Results 3: prefix cache" in text
     assert "#### Chaos run" in text and "**0 / 0 / 0**" in text and "RuntimeError: boom" in text
+    assert "| 40 | 38 | 0 | 2 | 0 | 0 | **0 / 0 / 0** | 3 | 1 |" in text  # cut streams apart from the goal
+    assert "| `kill_prefill` | 1 | prefill-1 | 42 |" in text and "| `kill_decode` | 1 | decode-0 | 42 |" in text
+    assert "Cut streams: `error event: worker failed mid-stream`" in text
     report_md.update_doc(doc, [record("gpu-h200")])  # another tier joins; cpu stays
     report_md.update_doc(doc, [record("cpu", date="2026-02-02T00:00:00")])  # cpu replaced in place
     text = doc.read_text()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 
 from pdsdk.ports import free_port
 from pdsdk.router.harness import Harness, eventually
@@ -59,6 +60,47 @@ def test_worker_killed_mid_stream_then_traffic_moves_on():
         finally:
             proc.kill()
             proc.wait()
+    run(main())
+
+
+def test_a_stream_cut_mid_way_ends_with_an_error_event_then_done_and_is_counted():
+    openai = pytest.importorskip("openai")
+
+    async def main():
+        async with Harness(plain=1, worker_opts={"chunks": 8}) as h:
+            h.plain[0].die_after = 2
+            _, before = await h.get("/metrics")
+            status, out, _ = await h.post("/v1/completions", {**BODY, "max_tokens": 8, "stream": True})
+            assert status == 200 and "tok1" in out and "tok2" not in out, out
+            assert out.endswith('"code": 502}}\n\ndata: [DONE]\n\n') and "worker failed mid-stream" in out, out
+            client = openai.AsyncOpenAI(base_url=h.url + "/v1", api_key="none", max_retries=0)
+            got = []
+            with pytest.raises(openai.APIError, match="worker failed mid-stream"):
+                async for chunk in await client.completions.create(model="fake-model", prompt="hi", max_tokens=8,
+                                                                   stream=True):
+                    got.append(chunk.choices[0].text)
+            await client.close()
+            assert got == ["tok0 ", "tok1 "]
+            _, after = await h.get("/metrics")
+            cut = 'pdsdk_router_stream_cut_total{reason="worker_failed"}'
+            assert _counter(after, cut) - _counter(before, cut) == 2
+    run(main())
+
+
+def _counter(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+def test_a_decode_dying_before_its_first_token_is_retried_on_another():
+    """The dead decode's connection closes after its head, before any token: nothing reached the
+    client, so the router retries on a new pair and the client sees one whole stream."""
+    async def main():
+        async with Harness("vllm", prefill=1, decode=2, policy="round_robin", worker_opts={"chunks": 4}) as h:
+            h.decode[0].die_after = 0
+            for _ in range(4):
+                status, out, _ = await h.post("/v1/completions", {**BODY, "stream": True})
+                assert status == 200 and "tok3" in out and "error" not in out and out.endswith("data: [DONE]\n\n")
+            assert h.decode[0].requests and len(h.decode[1].completed) == 4
     run(main())
 
 

@@ -22,6 +22,20 @@ def test_plan_assigns_roles_ports_and_cores():
     assert plan.router.cmd.count("--decode") == 2 and plan.router.cmd.count("--prefill") == 1
 
 
+def test_on_cpu_prefill_and_decode_workers_get_cores_of_their_own(monkeypatch):
+    from pdsdk.launch.plan import placements
+
+    def binds(cores, roles):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(cores))
+        return [p["VLLM_CPU_OMP_THREADS_BIND"] for p in placements(len(roles), 1, None, roles)]
+
+    # a decode worker polls its transfer without pause: never on the core of the prefill it reads from
+    assert binds([0, 1], ["prefill", "decode", "decode"]) == ["0", "1", "1"]
+    assert binds([0, 1], ["prefill", "prefill", "decode"]) == ["0", "0", "1"]
+    assert binds([0, 1, 2, 3], ["prefill", "decode"]) == ["0-1", "2-3"]
+    assert binds([0, 1], ["worker", "worker"]) == ["0", "1"] and binds([0], ["prefill", "decode"]) == ["0", "0"]
+
+
 def test_gpus_are_split_per_worker_by_tp():
     plan = build_plan(LaunchOptions(engine="vllm", model="m", prefill=1, decode=1, tp=2, gpus=[0, 1, 2, 3]))
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in plan.workers] == ["0,1", "2,3"]
@@ -120,7 +134,7 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     store = json.dumps({"tiered": ["memory", "disk"]})
     out = run_cli("launch", "--engine", "vllm", "--model", "/models/qwen", "--transport", "nixl", "--store", store,
                   "--prefill", "2", "--decode", "3", "--tp", "2", "--gpus", "0,1,2,3,4,5,6,7,8,9",
-                  "--emit", "k8s", str(tmp_path))
+                  "--unhealthy-timeout", "30", "--start-timeout", "600", "--emit", "k8s", str(tmp_path))
     assert out.returncode == 0, out.stderr
     objects = {p.name: yaml.safe_load(p.read_text()) for p in tmp_path.glob("*.yaml")}
     for obj in objects.values():
@@ -133,15 +147,26 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     container = prefill["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    # the launcher's restarts in Kubernetes terms: 600 s to start, restarted after failing /health for 30 s
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 600
+    live = container["livenessProbe"]
+    assert live["httpGet"]["path"] == "/health" and live["periodSeconds"] * live["failureThreshold"] == 30
+    assert prefill["template"]["spec"]["restartPolicy"] == "Always"
+    router_pod = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]
+    assert router_pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/live"  # alive, workers or not
+    assert router_pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/health"
     kv = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["store"] == config["store"]
     router = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "http://pdsdk-prefill:8000" in router and "http://pdsdk-decode:8000" in router
 
 
-def test_emit_k8s_refuses_kv_events_naming_the_option(tmp_path):
+def test_emit_k8s_refuses_kv_events_and_restart_never_naming_the_option(tmp_path):
     out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--policy", "kv_events", "--emit", "k8s", str(tmp_path))
     assert out.returncode != 0 and "--policy" in out.stderr + out.stdout and "kv_events" in out.stderr + out.stdout
+    out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--restart", "never", "--emit", "k8s", str(tmp_path))
+    assert out.returncode != 0 and "--restart never" in out.stderr + out.stdout
     assert not list(tmp_path.glob("*.yaml"))
 
 
