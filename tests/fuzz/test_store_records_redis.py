@@ -18,7 +18,9 @@ DAMAGE = st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.floats(0, 1), s
 
 
 def _damage(client, name: bytes, other: bytes, kind: str, where: float, n: int, rng: random.Random) -> None:
-    value = client.get(name) if client.type(name) == b"string" else b""
+    if client.type(name) not in (b"string", b"none"):  # an earlier damage made it a list or hash
+        client.delete(name)
+    value = client.get(name) or b""
     at = min(int(where * len(value)), max(len(value) - 1, 0))
     if kind == "flip" and value:
         client.setrange(name, at, bytes([value[at] ^ (1 << rng.randrange(8))]))
