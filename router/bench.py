@@ -47,10 +47,11 @@ def register(sub) -> None:
     p.add_argument("--paced-itl-ms", type=float, default=100.0,
                    help="ms between tokens in the paced run (default 100: 5000 tokens/s over 500 streams)")
     p.add_argument("--policy", default="round_robin", help="router policy during the latency runs")
-    p.add_argument("--index-blocks", type=int, default=200_000, help="block events to ingest (default 200000)")
+    p.add_argument("--index-blocks", type=int, default=200_000,
+                   help="block events to ingest (default 200000; 0 skips the KV index run)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
-    p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append rows to ('' for none)")
+    p.add_argument("--doc", default="", help="markdown file to append rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
 
 
@@ -243,8 +244,9 @@ def run(args) -> int:
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     with console.status("router latency: direct vs routed..."):
         records = latency(args)
-    with console.status("KV index: ingest and lookups..."):
-        records += index_speeds(args)
+    if args.index_blocks > 0:
+        with console.status("KV index: ingest and lookups..."):
+            records += index_speeds(args)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     for r in records:  # how busy the machine was with other work: these numbers are shared-core numbers
         r["loadavg_1m"] = [round(load0[0], 2), round(load1[0], 2)] if load0 and load1 else None

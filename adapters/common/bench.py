@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case; the best is reported (default 3)")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
-    p.add_argument("--doc", default=None, help="markdown file to append rows to (default: none)")
+    p.add_argument("--doc", default="", help="markdown file to append rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
 
 

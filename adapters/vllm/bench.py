@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--osl", type=int, default=32, help="output tokens (default 32)")
     p.add_argument("--gpus", default=None, help="prefill GPU,decode GPU (default: CPU)")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
-    p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append rows to ('' for none)")
+    p.add_argument("--doc", default="", help="markdown file to append rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
 
 

@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="bench a running redis (default: start redis-server on a free port)")
     p.add_argument("--mooncake-master", default=None)
     p.add_argument("--json", dest="json_out", help="write the records to this file")
-    p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append 1 MiB rows to ('' for none)")
+    p.add_argument("--doc", default="", help="markdown file to append 1 MiB rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
 
 

@@ -43,7 +43,7 @@ def register(sub) -> None:
                    help="a transport option, e.g. mooncake.protocol=nvlink (repeatable; VALUE is JSON or text)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-transfer deadline in seconds")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
-    p.add_argument("--doc", default="docs/benchmarks.md", help="markdown file to append a row to ('' for none)")
+    p.add_argument("--doc", default="", help="markdown file to append a row to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
 
 
