@@ -244,7 +244,7 @@ def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
         out["events"] = chaos.events
         counts: dict[str, int] = {}
         for e in chaos.events:
-            if "skipped" not in e["note"]:
+            if "skipped" not in e["note"] and e["kind"] != "restarted":
                 counts[e["kind"]] = counts.get(e["kind"], 0) + 1
         out["fault_counts"] = counts
         time.sleep(1.5)
