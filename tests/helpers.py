@@ -64,3 +64,25 @@ def span_digest(buf, spans) -> str:
     for _, offset, length in np.asarray(spans).tolist():
         h.update(buf[offset:offset + length].tobytes())
     return h.hexdigest()
+
+
+def vllm_scheduler(store) -> object:
+    """PdsdkConnector's scheduler half with `store`, over the few vLLM config fields it reads."""
+    from types import SimpleNamespace
+
+    from pdsdk.adapters.vllm.scheduler import SchedulerSide
+    from pdsdk.config import load_config
+
+    kv = SimpleNamespace(kv_role="kv_both", get_from_extra_config=lambda key, default=None: default)
+    vllm_config = SimpleNamespace(kv_transfer_config=kv, parallel_config=SimpleNamespace(tensor_parallel_size=1),
+                                  cache_config=SimpleNamespace(block_size=16))
+    config = load_config({"transport": None, "store": store})
+    return SchedulerSide(vllm_config, config, "engine", config.fingerprint())
+
+
+def vllm_request(rid: str, page_hashes: list[bytes], tokens: int) -> object:
+    """The fields of a vLLM Request the scheduler half reads (a new prompt of `tokens` tokens)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_id=rid, kv_transfer_params=None, num_prompt_tokens=tokens,
+                           block_hashes=page_hashes, num_computed_tokens=0)

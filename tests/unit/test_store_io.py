@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from helpers import vllm_request, vllm_scheduler
 from stores.servers import redis_server  # noqa: F401 - fixture
 
 from pdsdk.adapters.common import store_io
@@ -49,22 +50,6 @@ def wait_saved(io) -> object:
             return stats
         time.sleep(0.01)
     raise AssertionError("the save did not land")
-
-
-def scheduler(store) -> object:
-    from pdsdk.adapters.vllm.scheduler import SchedulerSide
-    from pdsdk.config import load_config
-
-    kv = SimpleNamespace(kv_role="kv_both", get_from_extra_config=lambda key, default=None: default)
-    vllm_config = SimpleNamespace(kv_transfer_config=kv, parallel_config=SimpleNamespace(tensor_parallel_size=1),
-                                  cache_config=SimpleNamespace(block_size=16))
-    config = load_config({"transport": None, "store": store})
-    return SchedulerSide(vllm_config, config, "engine", config.fingerprint())
-
-
-def request(rid: str, page_hashes: list[bytes], tokens: int) -> SimpleNamespace:
-    return SimpleNamespace(request_id=rid, kv_transfer_params=None, num_prompt_tokens=tokens, block_hashes=page_hashes,
-                           num_computed_tokens=0)
 
 
 def save_and_wait(path: StoreIO, blocks: list[int], keys: list[bytes]) -> int:
@@ -202,12 +187,12 @@ def test_the_scheduler_claims_a_block_only_once_its_save_landed():
             release.wait(10)
             return super().commit(reservation, keys, hints)
 
-    side = scheduler("memory")
+    side = vllm_scheduler("memory")
     io = VllmStoreIO(Held(capacity_bytes=1 << 26), KeySpace(model="m", layout="l", tp_rank=0), caches,
                      [block_geometry(t, BLOCKS) for t in caches])
     hashes = [b"h%d" % i for i in range(4)] + [b"x"]
     try:
-        assert side.get_num_new_matched_tokens(request("r0", hashes, 5 * 16), 0) == (0, False)
+        assert side.get_num_new_matched_tokens(vllm_request("r0", hashes, 5 * 16), 0) == (0, False)
         out = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r0", block_ids=([0, 1, 2, 3, 4],))],
                               scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[]),
                               num_scheduled_tokens={"r0": 5 * 16})
@@ -215,14 +200,14 @@ def test_the_scheduler_claims_a_block_only_once_its_save_landed():
         assert [(p.block_ids, p.block_hashes) for p in meta.save] == [([0, 1, 2, 3, 4], hashes)]
         io.save(meta.save)  # its store write is held back
         side.update_connector_output(SimpleNamespace(kv_connector_stats=io.stats.take()))
-        assert side.get_num_new_matched_tokens(request("r1", hashes, 5 * 16), 0) == (0, False)
+        assert side.get_num_new_matched_tokens(vllm_request("r1", hashes, 5 * 16), 0) == (0, False)
         release.set()
         stats = wait_saved(io)
         side.update_connector_output(SimpleNamespace(kv_connector_stats=stats))
         assert not stats.data["store_saved"]  # taken out before vLLM logs the stats
-        assert side.get_num_new_matched_tokens(request("r2", hashes, 5 * 16), 0) == (4 * 16, True)
+        assert side.get_num_new_matched_tokens(vllm_request("r2", hashes, 5 * 16), 0) == (4 * 16, True)
         # Scheduled again later (a new request on the same prefix): nothing is saved twice.
-        side.get_num_new_matched_tokens(request("r3", hashes, 5 * 16), 0)
+        side.get_num_new_matched_tokens(vllm_request("r3", hashes, 5 * 16), 0)
         out.scheduled_new_reqs[0].req_id, out.num_scheduled_tokens = "r3", {"r3": 16}
         assert side.build_connector_meta(out).save == []
     finally:

@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from helpers import vllm_request, vllm_scheduler
 
 pytest.importorskip("vllm")
 
@@ -203,40 +204,26 @@ def test_lookup_never_raises_and_pauses_on_trouble(monkeypatch):
 # --- the scheduler half ------------------------------------------------------------------------
 
 
-def scheduler(store) -> object:
-    from pdsdk.adapters.vllm.scheduler import SchedulerSide
-
-    kv = SimpleNamespace(kv_role="kv_both", get_from_extra_config=lambda key, default=None: default)
-    vllm_config = SimpleNamespace(kv_transfer_config=kv, parallel_config=SimpleNamespace(tensor_parallel_size=1),
-                                  cache_config=SimpleNamespace(block_size=16))
-    config = load_config({"transport": None, "store": store})
-    return SchedulerSide(vllm_config, config, "engine-b", config.fingerprint())
-
-
-def request(rid: str, page_hashes: list[bytes], tokens: int) -> SimpleNamespace:
-    return SimpleNamespace(request_id=rid, kv_transfer_params=None, num_prompt_tokens=tokens, block_hashes=page_hashes)
-
-
 def test_scheduler_claims_pages_another_engine_stored(tmp_path):
     h = hashes(8)
     fill(tmp_path, KS, h[:5])
-    side = scheduler({"name": "disk", "options": {"path": str(tmp_path)}})
+    side = vllm_scheduler({"name": "disk", "options": {"path": str(tmp_path)}})
     try:
         side.set_handshakes({0: PdsdkHandshake(tp_rank=0, descriptor=b"", geometry=[],
                                                store_keyspace={"model": KS.model, "layout": KS.layout,
                                                                "tp_rank": 0, "tp_size": 1})})
         assert not side.side_channel.entries  # no transport: nothing to serve to PD peers
         # 8 blocks of 16 tokens: the last block is never claimed (vLLM computes at least one token).
-        assert side.get_num_new_matched_tokens(request("r1", h, 8 * 16), 0) == (5 * 16, True)
-        assert side.get_num_new_matched_tokens(request("r1", h, 8 * 16), 0) == (5 * 16, True)
+        assert side.get_num_new_matched_tokens(vllm_request("r1", h, 8 * 16), 0) == (5 * 16, True)
+        assert side.get_num_new_matched_tokens(vllm_request("r1", h, 8 * 16), 0) == (5 * 16, True)
         assert side.stats.take().data["store_lookups"] == 1  # asked again while waiting: memoised
         # This engine's own saves are found in its index first; the store is asked for the rest only.
         side.store_index.add(h[:2])
-        assert side.get_num_new_matched_tokens(request("r2", h, 8 * 16), 0) == (5 * 16, True)
+        assert side.get_num_new_matched_tokens(vllm_request("r2", h, 8 * 16), 0) == (5 * 16, True)
         assert side.stats.take().data["store_lookup_blocks"] == 3
-        assert side.get_num_new_matched_tokens(request("r3", hashes(4, b"z"), 4 * 16), 0) == (0, False)
+        assert side.get_num_new_matched_tokens(vllm_request("r3", hashes(4, b"z"), 4 * 16), 0) == (0, False)
         # A memory store is process-local: the scheduler only has its own index.
-        local = scheduler("memory")
+        local = vllm_scheduler("memory")
         assert local.store_lookup is None
         local.shutdown()
     finally:
