@@ -81,6 +81,7 @@ class Running:
         self.thread.join(10)
 
 
+@pytest.mark.slow  # ~10 s of real restarts: the full suite
 def test_dead_hung_and_router_processes_are_restarted_on_their_ports(tmp_path):
     run = Running(tmp_path, RestartPolicy(unhealthy_s=1.5, backoff_s=0.2))
     try:
@@ -110,6 +111,7 @@ def test_dead_hung_and_router_processes_are_restarted_on_their_ports(tmp_path):
     assert all(p.poll() is not None for p in run.sup.procs.values())
 
 
+@pytest.mark.slow
 def test_the_launcher_gives_up_after_max_restarts_naming_the_worker(tmp_path):
     run = Running(tmp_path, RestartPolicy(max_restarts=1, backoff_s=0.1))
     try:
