@@ -130,6 +130,11 @@ def check_kill(service: Service, victim: str, retries: int = 0) -> None:
 
 def test_a_killed_decode_worker_is_routed_around_then_back(service):
     check_kill(service, "decode-0")
+    # Healthy again means traffic again once the router's health check has seen it (every few seconds).
+    client, deadline = service.client(0), time.monotonic() + 60
+    while service.served_by("decode-0") == 0 and time.monotonic() < deadline:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda _: stream(client), range(4)))
     assert service.served_by("decode-0") > 0
 
 
