@@ -93,6 +93,18 @@ class SlowCommits(MemoryStore):
         return super().commit(reservation, keys, hints)
 
 
+class HeldCommits(MemoryStore):
+    """A memory store whose writes wait until `release` is set (a stuck backend)."""
+
+    def __init__(self, release: threading.Event, **options):
+        super().__init__(**options)
+        self.release = release
+
+    def commit(self, reservation, keys, hints=None):
+        self.release.wait(10)
+        return super().commit(reservation, keys, hints)
+
+
 def test_a_load_never_waits_behind_saves():
     caches = kv_cache()
     store = SlowCommits(capacity_bytes=1 << 26)
@@ -116,12 +128,7 @@ def test_saves_are_skipped_and_counted_when_the_path_is_full(monkeypatch):
     caches = kv_cache()
     release = threading.Event()
 
-    class Stuck(MemoryStore):
-        def commit(self, reservation, keys, hints=None):
-            release.wait(10)
-            return super().commit(reservation, keys, hints)
-
-    path = StoreIO(Stuck(capacity_bytes=1 << 26), layout_of(caches),
+    path = StoreIO(HeldCommits(release, capacity_bytes=1 << 26), layout_of(caches),
                    count=lambda **kw: [counts.__setitem__(k, counts.get(k, 0) + v) for k, v in kw.items()])
     try:
         landed = []
@@ -182,13 +189,8 @@ def test_the_scheduler_claims_a_block_only_once_its_save_landed():
     caches = kv_cache()
     release = threading.Event()
 
-    class Held(MemoryStore):
-        def commit(self, reservation, keys, hints=None):
-            release.wait(10)
-            return super().commit(reservation, keys, hints)
-
     side = vllm_scheduler("memory")
-    io = VllmStoreIO(Held(capacity_bytes=1 << 26), KeySpace(model="m", layout="l", tp_rank=0), caches,
+    io = VllmStoreIO(HeldCommits(release, capacity_bytes=1 << 26), KeySpace(model="m", layout="l", tp_rank=0), caches,
                      [block_geometry(t, BLOCKS) for t in caches])
     hashes = [b"h%d" % i for i in range(4)] + [b"x"]
     try:
