@@ -39,6 +39,7 @@ class RouterConfig:
     request_timeout_s: float = 1800.0  # deadline for a whole request, stream included
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
+    health_failures: int = 3  # slow/non-200 checks in a row before a worker is out (a refused connection: at once)
     breaker_threshold: int = 3
     breaker_cooldown_s: float = 5.0
     disagg_threshold: int = 0  # uncached prompt tokens below this: decode worker alone (vLLM); 0: off
@@ -74,6 +75,8 @@ class RouterConfig:
             raise ConfigError("worker-api-key", "must be printable ASCII: it is sent in an HTTP header")
         if not 0 < self.read_timeout_s < float("inf"):
             raise ConfigError("read-timeout", f"seconds must be a positive number, not {self.read_timeout_s}")
+        if self.health_failures < 1:
+            raise ConfigError("health-failures", f"must be >= 1, not {self.health_failures}")
 
     @property
     def tokenize_via_worker(self) -> bool:

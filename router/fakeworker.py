@@ -40,6 +40,7 @@ class FakeWorker:
         self.die_after: int | None = None  # close the connection after this many stream chunks
         self.stall_after: int | None = None  # go silent (connection open) after this many stream chunks
         self.healthy = True
+        self.health_delay_s = 0.0  # a busy engine answers /health late
         self.serves_tokenize = serves_tokenize  # False: no POST /tokenize (an engine version without it)
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -71,6 +72,7 @@ class FakeWorker:
         return f"http://127.0.0.1:{self.port}"
 
     async def health(self, request):
+        await asyncio.sleep(self.health_delay_s)
         return web.Response(text="OK") if self.healthy else web.Response(status=503, text="unhealthy")
 
     async def models(self, request):

@@ -71,7 +71,7 @@ class Router:
             policy.add_worker(w)
             log.info("worker %s joined as %s (%s)", w.url, w.role, w.source)
             if self.session is not None:  # check it now rather than at the next round
-                self.spawn(health.check(self.session, w, self.cfg.health_timeout_s))
+                self.spawn(health.check(self.session, w, self.cfg.health_timeout_s, self.cfg.health_failures))
         else:
             policy.remove_worker(w)
             rmetrics.forget_worker(w.url, w.role)
@@ -109,8 +109,9 @@ class Router:
         self.orchestrator = Orchestrator(self.cfg, self.pool, self.policies, self.client)
         for w in self.static_workers():
             self.add_worker(w)
-        await health.check_all(self.session, self.pool, self.cfg.health_timeout_s)
-        self.spawn(health.loop(self.session, self.pool, self.cfg.health_interval_s, self.cfg.health_timeout_s))
+        await health.check_all(self.session, self.pool, self.cfg.health_timeout_s, self.cfg.health_failures)
+        self.spawn(health.loop(self.session, self.pool, self.cfg.health_interval_s, self.cfg.health_timeout_s,
+                                      self.cfg.health_failures))
         if self.cfg.etcd:
             from pdsdk.router.etcd import watch_workers
 

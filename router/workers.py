@@ -63,6 +63,7 @@ class Worker:
     kv_replay: str | None = None
     source: str = "static"  # static | admin | etcd
     healthy: bool = True
+    health_failures: int = 0  # failed health checks in a row
     draining: bool = False
     models: list[str] = field(default_factory=list)
     inflight: int = 0

@@ -67,6 +67,9 @@ def register(sub) -> None:
            "with the X-Request-Timeout header)")
     a("--health-interval", type=float, default=5.0, help="seconds between health checks (default 5)")
     a("--health-timeout", type=float, default=2.0, help="seconds a health check may take (default 2)")
+    a("--health-failures", type=int, default=3,
+      help="health checks in a row that time out or fail before a worker is taken out (default 3); "
+           "a worker that refuses the connection is out at once")
     a("--breaker-threshold", type=int, default=3,
       help="consecutive failures that open a worker's circuit breaker (default 3)")
     a("--breaker-cooldown", type=float, default=5.0,
@@ -123,7 +126,7 @@ def config_from_args(args):
         read_timeout_s=args.read_timeout,
         retries=args.retries, connect_timeout_s=args.connect_timeout, first_token_timeout_s=args.first_token_timeout,
         request_timeout_s=args.request_timeout, health_interval_s=args.health_interval,
-        health_timeout_s=args.health_timeout, breaker_threshold=args.breaker_threshold,
+        health_timeout_s=args.health_timeout, health_failures=args.health_failures, breaker_threshold=args.breaker_threshold,
         breaker_cooldown_s=args.breaker_cooldown, disagg_threshold=args.disagg_threshold,
         tokenize=args.tokenize, retry_after_s=args.retry_after, etcd=args.etcd, etcd_prefix=args.etcd_prefix)
 
