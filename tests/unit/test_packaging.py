@@ -76,3 +76,12 @@ def test_listing_imports_no_optional_library():
             f"print([m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r}])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path("/"))
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_layer_imports_from_a_source_checkout():
+    """From the repo root, `pdsdk` is the tree's pdsdk/ (the core); its layers must resolve beside it."""
+    code = ("import pdsdk.router.server, pdsdk.connectors.stores.memory, pdsdk.adapters.vllm, pdsdk.compat, "
+            "pdsdk.matrix, pdsdk.cli\nprint(pdsdk.router.server.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()) == REPO / "router" / "server.py"
