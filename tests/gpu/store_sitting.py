@@ -4,7 +4,8 @@ Every configuration serves the same Qwen3-8B-shaped model (dummy weights: the lo
 the bytes are checked by `pdsdk bench store-path`) with a GPU KV cache of 4000 blocks that the sessions
 overflow, and gets the same agent load, then the same random load (no reuse: what a store costs).
 Usage: python3 store_sitting.py OUT_DIR MODEL_DIR CONFIG...   CONFIG: none, vllm-offloading,
-pdsdk-memory, pdsdk-tiered. CAPACITY (bytes, default 60e9) sizes every CPU tier alike; NO_RANDOM=1
+pdsdk-memory, pdsdk-tiered, shared-redis (two engines, one redis; needs
+redis-server on PATH). CAPACITY (bytes, default 60e9) sizes every CPU tier alike; NO_RANDOM=1
 skips the random load. Prompt ids stay below 500 (the config-only model's vocabulary is the tokenizer's).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,43 +68,85 @@ def line(s: dict) -> str:
             f"{s.get('output_throughput', 0):.0f} tok/s, errors {s.get('errors')}")
 
 
-def main(out: Path, model: str, configs: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    from pdsdk.ports import free_port
+class Engine:
+    """One vLLM server on GPU 0, stopped (its process group) on exit; its log kept under OUT."""
 
-    for name in configs:
-        tmp = Path(f"/tmp/sitting-{name}")
-        subprocess.run(["rm", "-rf", str(tmp)])
-        tmp.mkdir(parents=True)
-        port = free_port()
+    def __init__(self, out: Path, model: str, name: str, kv: dict | None, extra: tuple[str, ...] = ()):
+        from pdsdk.ports import free_port
+
+        self.out, self.name, self.port = out, name, free_port()
         cmd = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--served-model-name", "m", "--port", str(port), *ENGINE]
-        kv = kv_config(name, tmp)
+               "--served-model-name", "m", "--port", str(self.port), *ENGINE, *extra]
         if kv is not None:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
-        log = open(out / f"{name}.log", "w")
-        start = time.time()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.log = open(out / f"{name}.log", "w")  # noqa: SIM115 - open while the engine runs
+        self.start = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def ready(self) -> float:
+        wait_healthy(self.port, self.proc)
+        return time.time() - self.start
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
         try:
-            wait_healthy(port, proc)
-            started = time.time() - start
-            agent = bench(port, AGENT, out / f"{name}.json", name)
-            rand = {} if os.environ.get("NO_RANDOM") else bench(port, RANDOM, out / f"{name}-random.json",
-                                                                 f"{name} random")
-            print(f"{name}: start {started:.0f}s | agent {line(agent)} | random {line(rand)}", flush=True)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+        metrics = [line for line in (self.out / f"{self.name}.log").read_text().splitlines()
+                   if "KV Transfer metrics" in line or "Error" in line or "Traceback" in line]
+        (self.out / f"{self.name}-metrics.txt").write_text("\n".join(metrics[-40:]))
+
+
+def one(out: Path, model: str, name: str) -> None:
+    tmp = Path(f"/tmp/sitting-{name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    engine = Engine(out, model, name, kv_config(name, tmp))
+    try:
+        started = engine.ready()
+        agent = bench(engine.port, AGENT, out / f"{name}.json", name)
+        rand = {} if os.environ.get("NO_RANDOM") else bench(engine.port, RANDOM, out / f"{name}-random.json",
+                                                             f"{name} random")
+        print(f"{name}: start {started:.0f}s | agent {line(agent)} | random {line(rand)}", flush=True)
+    finally:
+        engine.stop()
+
+
+def shared_redis(out: Path, model: str) -> None:
+    """Two engines on the one GPU share a redis store: A serves the agent sessions, then B serves the
+    same sessions (what a router does when it moves them); B's TTFT against the `none` row."""
+    from pdsdk.ports import free_port
+
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                              "--maxmemory", str(CAPACITY), "--maxmemory-policy", "allkeys-lru"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    store = {"name": "redis", "options": {"url": f"redis://127.0.0.1:{port}/0"}}
+    kv = {**kv_config("pdsdk-memory", Path("/tmp")), "kv_connector_extra_config": {"transport": None, "store": store}}
+    half = ("--gpu-memory-utilization", "0.42")
+    engines = [Engine(out, model, f"shared-redis-{x}", kv, half) for x in "ab"]
+    try:
+        started = [e.ready() for e in engines]
+        for e in engines:
+            s = bench(e.port, AGENT, out / f"{e.name}.json", e.name)
+            print(f"{e.name}: start {started[engines.index(e)]:.0f}s | agent {line(s)}", flush=True)
+    finally:
+        for e in engines:
+            e.stop()
+        redis.terminate()
+        redis.wait(30)
+
+
+def main(out: Path, model: str, configs: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in configs:
+        try:
+            shared_redis(out, model) if name == "shared-redis" else one(out, model, name)
         except Exception as e:  # noqa: BLE001 - report and go on with the next configuration
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
-        finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-            metrics = [line for line in (out / f"{name}.log").read_text().splitlines()
-                       if "KV Transfer metrics" in line or "Error" in line or "Traceback" in line]
-            (out / f"{name}-metrics.txt").write_text("\n".join(metrics[-40:]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 # kv-events ENGINE: tests/gpu/kv_events_real.py (the kv_events policy over two real workers of ENGINE).
 # matrix ARGS...: `pdsdk matrix` on the GPUs (its GPU tier), the rest of the arguments passed on.
 # store-path: `pdsdk bench store-path` on GPU 0 for the memory and tiered stores (bytes verified).
-# store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores; agent load).
+# store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores, two
+#   engines sharing redis (carry .whl/redis); agent load).
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -101,7 +102,7 @@ while [ $# -gt 0 ]; do
           --json "$OUT/store-path-$(echo "$store" | head -c 6 | tr -dc a-z).json" 2>&1 | tail -9); done; shift ;;
     store) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
       && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/store_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
-      > "$OUT/store.log" 2>&1; grep -E "^(none|vllm-|pdsdk-)" "$OUT/store.log" || tail -20 "$OUT/store.log"; break ;;
+      > "$OUT/store.log" 2>&1; grep -E "^(none|vllm-|pdsdk-|shared-)" "$OUT/store.log" || tail -20 "$OUT/store.log"; break ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;
