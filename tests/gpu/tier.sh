@@ -25,12 +25,12 @@ SRC=$HOME/pdsdk-src; MODEL=$HOME/qwen3-8b-shape; LIMIT=${LIMIT:-585}
 export PDSDK_GPU_COUNT=${PDSDK_GPU_COUNT:-$(nvidia-smi -L | wc -l)}
 PEER=cuda:$((PDSDK_GPU_COUNT > 1 ? 1 : 0))
 # redis-server for the chaos run's store, carried from a Debian machine with its two libraries the GPU
-# machine lacks (.whl/redis: redis-server, liblzf.so.1, libjemalloc.so.2, the redis client wheel).
+# machine lacks (.whl/redis: redis-server, liblzf.so.1, libjemalloc.so.2, the redis and xxhash wheels).
 export PATH=$HOME/redis:$PATH LD_LIBRARY_PATH=$HOME/redis${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 step_setup() {
   [ -d "$HOME/wheels" ] || { bash "$HOME"/stage/part*/install.sh > "$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"; }
   [ -d .whl/redis ] && mkdir -p "$HOME/redis" && cp .whl/redis/* "$HOME/redis/" \
-    && python3 -m pip install -q --no-deps "$HOME"/redis/redis-*.whl > "$OUT/redis-install.log" 2>&1
+    && python3 -m pip install -q --no-deps "$HOME"/redis/*.whl > "$OUT/redis-install.log" 2>&1
   rm -rf "$SRC" && mkdir -p "$SRC" && tar -xf .whl/pdsdk.tar -C "$SRC"
   (cd "$SRC" && python3 -m pip install -q --no-deps --no-build-isolation . > "$OUT/pdsdk-install.log" 2>&1) \
     || tail -5 "$OUT/pdsdk-install.log"
