@@ -43,17 +43,23 @@ def kv_config(name: str, tmp: Path) -> dict | None:
     }[name]
 
 
+def vllm(model: str, kv: dict | None, extra: tuple[str, ...] = ()) -> list[str]:
+    cmd = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--served-model-name", "m", *ENGINE, *extra]
+    return cmd + ["--kv-transfer-config", json.dumps(kv)] if kv is not None else cmd
+
+
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 400) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}")
+            raise RuntimeError(f"the engine exited with {proc.returncode}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
             return
         except OSError:
             time.sleep(2)
-    raise TimeoutError("vLLM not healthy")
+    raise TimeoutError("the engine is not healthy")
 
 
 def bench(port: int, args: list[str], out: Path, label: str) -> dict:
@@ -69,19 +75,16 @@ def line(s: dict) -> str:
 
 
 class Engine:
-    """One vLLM server on GPU 0, stopped (its process group) on exit; its log kept under OUT."""
+    """One server on GPU 0 (`cmd` gets `--port P`), stopped (its process group) on exit; its log kept under OUT."""
 
-    def __init__(self, out: Path, model: str, name: str, kv: dict | None, extra: tuple[str, ...] = ()):
+    def __init__(self, out: Path, name: str, cmd: list[str], env: dict | None = None):
         from pdsdk.ports import free_port
 
         self.out, self.name, self.port = out, name, free_port()
-        cmd = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--served-model-name", "m", "--port", str(self.port), *ENGINE, *extra]
-        if kv is not None:
-            cmd += ["--kv-transfer-config", json.dumps(kv)]
         self.log = open(out / f"{name}.log", "w")  # noqa: SIM115 - open while the engine runs
         self.start = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([*cmd, "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ, **(env or {})})
 
     def ready(self) -> float:
         wait_healthy(self.port, self.proc)
@@ -104,7 +107,7 @@ def one(out: Path, model: str, name: str) -> None:
     tmp = Path(f"/tmp/sitting-{name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    engine = Engine(out, model, name, kv_config(name, tmp))
+    engine = Engine(out, name, vllm(model, kv_config(name, tmp)))
     try:
         started = engine.ready()
         agent = bench(engine.port, AGENT, out / f"{name}.json", name)
@@ -127,7 +130,7 @@ def shared_redis(out: Path, model: str) -> None:
     store = {"name": "redis", "options": {"url": f"redis://127.0.0.1:{port}/0"}}
     kv = {**kv_config("pdsdk-memory", Path("/tmp")), "kv_connector_extra_config": {"transport": None, "store": store}}
     half = ("--gpu-memory-utilization", "0.42")
-    engines = [Engine(out, model, f"shared-redis-{x}", kv, half) for x in "ab"]
+    engines = [Engine(out, f"shared-redis-{x}", vllm(model, kv, half)) for x in "ab"]
     try:
         started = [e.ready() for e in engines]
         for e in engines:

@@ -15,6 +15,7 @@
 # store-path: `pdsdk bench store-path` on GPU 0 for the memory and tiered stores (bytes verified).
 # store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores, two
 #   engines sharing redis (carry .whl/redis); agent load).
+# hicache CONFIG...: tests/gpu/hicache_sitting.py (SGLang HiCache: its `file` storage against pdsdk stores).
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -103,6 +104,9 @@ while [ $# -gt 0 ]; do
     store) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
       && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/store_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
       > "$OUT/store.log" 2>&1; grep -E "^(none|vllm-|pdsdk-|shared-)" "$OUT/store.log" || tail -20 "$OUT/store.log"; break ;;
+    hicache) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
+      && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/hicache_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
+      > "$OUT/hicache.log" 2>&1; grep -E "^sglang-" "$OUT/hicache.log" || tail -20 "$OUT/hicache.log"; break ;;
     serve|vllm|sglang) shift; (cd /tmp && PDSDK_GPU_BUDGET=$((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/serve_tier.py" "$MODEL" "$@") \
       > "$OUT/vllm.log" 2>&1; grep -E "^(single|tp2|pd-|sglang|skipped)" "$OUT/vllm.log"; break ;;
     *) echo "unknown step $1"; exit 2 ;;
