@@ -5,7 +5,7 @@ pool and `poll` only looks at its future. Notifications ride on the engine's own
 mechanism, attached to a one-byte repeat of the transfer's first span (idempotent).
 
 On a machine without RDMA NICs the engine silently uses TCP whatever protocol was asked for
-(research/transports.md); the path report reads the engine's topology and says so loudly.
+(Mooncake TE 0.3.13-0.3.14); the path report reads the engine's topology and says so loudly.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Page-aligned span lists go through prepared descriptor lists (prepared once per 
 transfer is two numpy index arrays); anything else through descriptors built per transfer.
 NIXL's progress thread stays on, so a passive peer never stalls its initiator.
 
-UCX facts this file acts on (research/transports.md): the bundled libnl crashes every process at
+UCX facts this file acts on (NIXL 1.5.1's bundled UCX): the bundled libnl crashes every process at
 exit when UCX's `ib` module loaded, so with no InfiniBand device present it is left out; UCX_TLS
 must keep `tcp` (shm alone fails at agent creation); a VRAM transfer that UCX routes through the
 host runs at ~0.5 GB/s instead of hundreds, so the achieved rate is checked and a slow path is
