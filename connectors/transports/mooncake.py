@@ -86,7 +86,7 @@ class MooncakeTransport(Transport):
         return d.meta["session"]  # the engine connects on first transfer
 
     def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Future:
-        # One engine call per transfer: splitting one over threads was slower here (the peer's TCP
+        # One engine call per transfer: splitting one over threads is slower (the peer's TCP
         # side needs the same cores); concurrent transfers do run on the pool side by side.
         return self._pool.submit(self._run, op, peer.backend, span_addresses(local, self.all_regions).tolist(),
                                  span_addresses(remote, peer.all_regions).tolist(), local[:, 2].tolist(), notify)
