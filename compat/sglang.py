@@ -1,6 +1,6 @@
 """What differs between the SGLang versions pdsdk supports: 0.5.15.post1 (the GPU machine, torch
 2.11) and 0.5.23 (CI). The SGLang adapter asks here instead of probing APIs itself
-(research/sglang.md section 5 lists the moves).
+(each function names the version that moved the API).
 
 Nothing here imports SGLang at module import: `pdsdk doctor` and the command builder use it on
 machines without SGLang.
@@ -142,7 +142,7 @@ def storage_metrics_class() -> Any:
 
 def kv_event_encoding(v: str | None = None) -> str:
     """"array" (positional msgpack arrays, <= 0.5.15) or "map" (tagged maps, >= 0.5.20): the wire
-    format of SGLang's KV events (research/sglang.md section 4)."""
+    format of SGLang's KV events (disaggregation/kv_events.py)."""
     v = v or version()
     if v is None:
         return "map"

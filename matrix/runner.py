@@ -56,10 +56,9 @@ class MatrixOptions:
     check_prompts: int = 8
     check_osl: int = 24
     machine: str = ""
-    # vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1) on GPUs. Without it bf16 sums change with the
-    # batch and with a warm prefix cache: on 2xH200 a plain engine disagreed with its own earlier
-    # answers on 5 of 8 prompts, so token-for-token checks said nothing. With it, cold, warm and
-    # PD answers were equal on 8 of 8 (tests/gpu/invariance.py). Its kernels are slower.
+    # vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1) on GPUs: without it bf16 sums change with the
+    # batch and with a warm prefix cache, so an engine disagrees with its own earlier answers and a
+    # token-for-token check says nothing (tests/gpu/invariance.py). Its kernels are slower.
     batch_invariant: bool = False
 
     def judges_exactly(self, engine: str) -> bool:

@@ -33,9 +33,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Outside the ephemeral range because a port is picked long before its server binds it (a router
     starts after its engines load, minutes later), and meanwhile any process's bind(0) or outgoing
-    connection could be given an ephemeral port: an engine's own ZMQ or gloo sockets once took a
-    router's port that way. Never twice, because asked twice in a row the kernel may offer the port
-    it just released (mooncake_master's metrics and metadata servers once got the same one).
+    connection could be given an ephemeral port (an engine's own ZMQ or gloo sockets, say). Never
+    twice, because asked twice in a row the kernel may offer the port it just released (two servers
+    of one process would get the same port).
     At most HIGHEST, for the ports engines derive from theirs.
     """
     lo, hi = ephemeral_range()

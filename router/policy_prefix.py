@@ -1,6 +1,6 @@
 """`prefix`: cache-aware routing on an approximate radix tree of what each worker was sent.
 
-Decision (the rule SGLang's cache_aware router uses, research/sglang.md section 2):
+Decision (the rule SGLang's cache_aware router uses, sgl-model-gateway policies/cache_aware.rs):
 1. load guard: when loads are imbalanced (max - min > balance_abs AND max > balance_rel * min,
    load = requests in flight), take the least loaded worker, whatever the cache says;
 2. else the worker with the longest matching prefix, if it covers more than `cache_threshold`

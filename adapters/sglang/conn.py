@@ -3,7 +3,7 @@
 They subclass SGLang's Common classes for the parts the scheduler relies on beyond the ABC (room
 bookkeeping, bootstrap lookups, timeouts, abort) and implement the rest themselves, so the same
 code runs on 0.5.15.post1, whose Common sender/receiver leave send/poll/send_metadata empty, and on
-0.5.23, where they are backend hooks (research/sglang.md section 1.3).
+0.5.23, where they are backend hooks (SGLang's disaggregation/common/conn.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ PDSDK_CONFIG. SGLang builds the class as `cls(storage_config, {})` and then regi
 memory pool. With `interface_v1` SGLang calls the zero-copy `batch_get_v1`/`batch_set_v1`: pages
 move between the store and the host pool's own memory (`get_page_buffer_meta`); without it, the
 legacy `batch_get`/`batch_set` on flat page tensors. Keys are SGLang's page hashes (hex SHA-256
-chained over the prefix, research/sglang.md section 3) under a pdsdk namespace of model, host
+chained over the prefix, as SGLang's get_hash_str) under a pdsdk namespace of model, host
 layout and rank, one store key per buffer piece of a page (K and V). Hybrid models (Mamba, SWA,
 DSA) use SGLang's v2 API, which this class does not implement: SGLang then reports it.
 Never raises on the data path: a store outage reads as misses.

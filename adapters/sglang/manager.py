@@ -1,6 +1,6 @@
 """PdsdkKVManager: SGLang's CommonKVManager moving pages with any pdsdk transport.
 
-SGLang's flow (research/sglang.md section 1.6) is push: the decode manager registers its buffers
+SGLang's flow (disaggregation/prefill.py and decode.py) is push: the decode manager registers its buffers
 with each prefill rank once, then sends per request the destination pages and metadata slot; the
 prefill scheduler hands finished chunks to `add_transfer_request`, and this manager writes them
 into decode memory, then tells decode Success or Failed (with the reason) on decode's control

@@ -1,4 +1,4 @@
-"""The L3 store contract (DESIGN.md, "L3 store contract").
+"""The L3 store contract (docs/stores.md).
 
 Keys are content hashes of token pages chained from the prefix, so a page's key stands for the
 whole prefix before it: `contains` and `get` answer with the length of the hit *prefix*. Pages are

@@ -44,7 +44,7 @@ def pwrite_all(fd: int, parts: list, offset: int) -> None:
 class Shared:
     """The items of one call, computed by the calling thread and by pool threads helping it:
     whoever is free takes the next item. A call costs one hand-off per helper and never waits
-    for a helper the OS has not scheduled yet (this machine's two cores are shared): the caller
+    for a helper the OS has not scheduled yet (on busy cores that wait is long): the caller
     goes on with the items no one has taken. Checksums (zlib, numpy) and file I/O release the
     GIL, so helpers run beside the caller. Without helpers, an item is computed when asked for."""
 

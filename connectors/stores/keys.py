@@ -1,7 +1,7 @@
 """Store keys: a namespace (model, KV layout fingerprint, TP rank) followed by a page hash.
 
 Page hashes are chained from the prefix, so one key stands for every token before it. pdsdk's own
-chain is SGLang's (research/sglang.md section 3): page i = sha256(digest of page i-1 || token ids
+chain is SGLang's (`get_hash_str` in its mem_cache): page i = sha256(digest of page i-1 || token ids
 as little-endian u32), the first page with no parent. Engine-supplied hashes (vLLM's block hashes,
 see vllm_hash.py; SGLang's hex strings; KV-event ints) can be used instead: `KeySpace.keys`.
 """

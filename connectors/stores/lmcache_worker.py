@@ -10,7 +10,7 @@ it runs in two ways:
   Request: [op, arg...]. Reply: [true, result] or [false, "error text"]. The first frame the worker
   sends is its start-up reply. EOF on the socket (the parent died or closed) ends the worker.
 
-The engine-less path (research/anchors.md section 4): LMCacheEngineConfig -> LMCacheMetadata ->
+The engine-less path (as `lmcache.v1.standalone` runs it): LMCacheEngineConfig -> LMCacheMetadata ->
 MOCK GPU connector -> StandaloneLMCacheManager -> its engine's StorageManager. A page is one
 "token" of n bytes: a uint8 MemoryObj of shape (1, 1, 1, n) in LMCache's KV_2LTD format. A key is
 CacheEngineKey(model, 1, 0, int(0x01 || key bytes), uint8): the whole key, no truncation, so

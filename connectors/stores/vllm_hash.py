@@ -1,6 +1,6 @@
 """vLLM's block hashes, reproduced byte for byte without importing vLLM (or pickle).
 
-vLLM (research/vllm.md section 4) hashes block i as
+vLLM (v1/core/kv_cache_utils.py, `prefix_caching_hash_algo`) hashes block i as
     sha256(pickle.dumps((parent, tuple(block_tokens), extra_keys), protocol=5))        "sha256"
     sha256(cbor2.dumps((parent, tuple(block_tokens), extra_keys), canonical=True))     "sha256_cbor"
 with parent = the previous block's digest, or NONE_HASH for the first block. Both encodings are
@@ -154,7 +154,7 @@ def hash_fn(algo: str):
 def none_hash(algo: str = "sha256", seed: str | None = None) -> bytes:
     """The parent of a sequence's first block. vLLM derives it from PYTHONHASHSEED when that is
     set (`seed`), which every engine sharing a cache must do; unseeded, the vLLM 0.32 CPU build
-    measured in research/vllm.md used hash_fn("vllm-none-hash"), and newer ones draw random bytes."""
+    used hash_fn("vllm-none-hash"), and newer ones draw random bytes."""
     return hash_fn(algo)(seed if seed is not None else "vllm-none-hash")
 
 

@@ -1,4 +1,4 @@
-"""The L2 transport contract (DESIGN.md, "L2 transport contract"), and what every transport shares.
+"""The L2 transport contract (docs/transports.md), and what every transport shares.
 
 One-sided and page-oriented: a side registers memory regions, hands its `descriptor()` to the
 peer out of band, the peer `connect`s and posts `read`/`write` of span lists, then `poll`s. The

@@ -126,10 +126,9 @@ GPU_KERNELS = ("auto", "triton", "torch")
 class LocalTransport(Transport):
     # threads: host copies run on this many threads (the peer spends no CPU).
     # gpu_kernel: how pages move between GPUs: "triton" (one pass), "torch" (index_select + index_copy_),
-    # or "auto": Triton where it is usable (on an H200 the paged case took 0.28 ms against 0.42), else torch.
+    # or "auto": Triton where it is usable, else torch.
     OPTIONS = {"threads": 2, "gpu_kernel": "auto"}
-    # A slow transfer here is a busy GPU or a queue, never a host detour: the GPU tier's matrix saw
-    # one at 3.7 GB/s under load, which the host-path warning misnamed.
+    # CUDA IPC has no host path to fall back to: a slow transfer here is a busy GPU or a queue.
     MAY_TAKE_HOST_PATH = False
 
     def __init__(self, **kwargs: Any):

@@ -5,7 +5,7 @@ pool and `poll` only looks at its future. Notifications ride on the engine's own
 mechanism, attached to a one-byte repeat of the transfer's first span (idempotent).
 
 On a machine without RDMA NICs the engine silently uses TCP whatever protocol was asked for
-(research/transports.md); the path report reads the engine's topology and says so loudly.
+(Mooncake TE 0.3.13-0.3.14); the path report reads the engine's topology and says so loudly.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class MooncakeTransport(Transport):
         return d.meta["session"]  # the engine connects on first transfer
 
     def _post(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray, notify: bytes | None) -> Future:
-        # One engine call per transfer: splitting one over threads was slower here (the peer's TCP
+        # One engine call per transfer: splitting one over threads is slower (the peer's TCP
         # side needs the same cores); concurrent transfers do run on the pool side by side.
         return self._pool.submit(self._run, op, peer.backend, span_addresses(local, self.all_regions).tolist(),
                                  span_addresses(remote, peer.all_regions).tolist(), local[:, 2].tolist(), notify)

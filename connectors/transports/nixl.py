@@ -4,7 +4,7 @@ Page-aligned span lists go through prepared descriptor lists (prepared once per 
 transfer is two numpy index arrays); anything else through descriptors built per transfer.
 NIXL's progress thread stays on, so a passive peer never stalls its initiator.
 
-UCX facts this file acts on (research/transports.md): the bundled libnl crashes every process at
+UCX facts this file acts on (NIXL 1.5.1's bundled UCX): the bundled libnl crashes every process at
 exit when UCX's `ib` module loaded, so with no InfiniBand device present it is left out; UCX_TLS
 must keep `tcp` (shm alone fails at agent creation); a VRAM transfer that UCX routes through the
 host runs at ~0.5 GB/s instead of hundreds, so the achieved rate is checked and a slow path is
@@ -73,12 +73,10 @@ def _mem(device: str) -> tuple[str, int]:
 
 
 class NixlTransport(Transport):
-    # num_threads: UCX workers; more than one overlaps the per-descriptor cost of scattered pages
-    # (4608 x 32 KiB on 2 CPU cores: 2.6 -> 5.9 GB/s, against 7-8 GB/s contiguous).
+    # num_threads: UCX workers; more than one overlaps the per-descriptor cost of scattered pages.
     # progress_delay_us: how long NIXL's progress thread waits for UCX events before it looks again.
-    # NIXL's Python agent fixes it at 0, a busy loop: every idle agent burns a whole core (three vLLM
-    # workers on two cores starved each other for a minute). The thread sleeps on UCX's event fd,
-    # so a transfer wakes it at once: 0 saves tens of microseconds on small reads (docs/transports.md).
+    # NIXL's Python agent fixes it at 0, a busy loop that burns a core per idle agent; the thread sleeps
+    # on UCX's event fd, so a transfer still wakes it at once (0 saves ~40 us on small reads only).
     OPTIONS = {"backends": ["UCX"], "num_threads": min(4, os.cpu_count() or 1), "progress_delay_us": 1000}
     SUPPORTS_STAGING = True
 

@@ -4,8 +4,8 @@ path instead of NVLink/PCIe P2P, and only their rate tells.
 Judged only on large transfers of few runs (thousands of scattered pages are slow for other
 reasons), by the fastest of a peer's first JUDGED_TRANSFERS after its first (which pays for mapping
 and connection setup: measured 6 GB/s for a first CUDA IPC transfer that then ran at 240). The
-fastest, because a busy GPU or a queue slows some transfers of a P2P path (the GPU tier's matrix
-saw single ones at 3.7-9 GB/s under load) but a host path never runs one fast.
+fastest, because a busy GPU or a queue slows some transfers of a P2P path (single ones to 3.7-9 GB/s
+under load on 2xH200) but a host path never runs one fast.
 """
 
 from __future__ import annotations

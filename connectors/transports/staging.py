@@ -2,7 +2,7 @@
 transfer, scatter on the other side.
 
 One descriptor per small page costs two orders of magnitude on GPUs (NIXL 3.7 GB/s per 32 KiB page
-against 250+ GB/s for one descriptor: research/transports.md), while one gather kernel moves the
+against 250+ GB/s for one descriptor, on two H200s), while one gather kernel moves the
 same pages at HBM speed. On CPU a numpy gather costs more than the per-descriptor overhead it
 saves, so the cost rule (`prefer_staged`) keeps the direct path there; `pdsdk bench transport
 --staging on|off` measures both.
@@ -25,7 +25,7 @@ import numpy as np
 from pdsdk.connectors.transports.buffers import allocate, cuda_index, host_array, torch_view
 from pdsdk.kv import Region
 
-# The cost rule's constants, from the measurements in research/transports.md and docs/benchmarks.md.
+# The cost rule's constants, from the transport measurements in docs/benchmarks.md.
 PER_RUN_S = 9e-6  # one descriptor of a small page: NIXL 40 ms / 4608 pages on GPU, ~10 us on CPU
 GATHER_GBPS = {"cpu": 5.0, "cuda": 1500.0}  # numpy gather on host; one index kernel on HBM
 ROUND_TRIP_S = 300e-6  # the extra control messages

@@ -1,8 +1,8 @@
-"""GPU machine: can the matrix's exact greedy check hold on GPUs? On 2xH200 the matrix's single cell
-disagreed with its own engine's earlier answers on 5 of 8 prompts (bf16 sums change with the batch
-and with a warm prefix cache). This asks vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1) the
-same questions: one 1P1D `local` launch; the prefill worker asked directly, cold and one by one, then
-warm and four at a time; then the same prompts through the router (PD).
+"""GPU machine: can the matrix's exact greedy check hold on GPUs? Without help a plain engine
+disagrees with its own earlier answers (bf16 sums change with the batch and with a warm prefix
+cache). This asks vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1) the same questions: one
+1P1D `local` launch; the prefill worker asked directly, cold and one by one, then warm and four at
+a time; then the same prompts through the router (PD).
 
 Usage: python3 tests/gpu/invariance.py MODEL_DIR   (JSON in $OUT/invariance.json)
 """

@@ -39,8 +39,8 @@ NUM_PROMPTS, RATE = int(os.environ.get("PDSDK_GPU_PROMPTS", "200")), float(os.en
 MOONCAKE = {"name": "mooncake", "options": {"protocol": os.environ.get("PDSDK_MOONCAKE_PROTOCOL", "nvlink_intra")}}
 CONFIGS = {
     "single": dict(prefill=0, decode=1, gpus=[0]),
-    # Compiled TP=2 died in vLLM 0.26's profile run (CUBLAS internal error) on 2026-11-29 with the
-    # allreduce+RMSNorm fusion on; with it off it serves (2026-11-30). The eager run is the fallback.
+    # Compiled TP=2 needs vLLM 0.26's allreduce+RMSNorm fusion off (with it the profile run dies with a
+    # CUBLAS internal error); the eager run is the fallback.
     "tp2": dict(prefill=0, decode=1, tp=2, gpus=[0, 1], extra=["-cc.pass_config.fuse_allreduce_rms=False"]),
     "tp2-eager": dict(prefill=0, decode=1, tp=2, gpus=[0, 1], extra=["--enforce-eager"]),
     "pd-local": dict(prefill=1, decode=1, gpus=[0, 1], transport="local"),

@@ -2,7 +2,7 @@
 # GPU machine (nvidia-h200-x2, or nvidia-h200 with both peers on GPU 0): the GPU tier in steps, so one
 # call can run several and the next call the rest.
 #   bash tests/gpu/tier.sh setup transports serve single tp2 ...
-# setup: install the staged wheels ($HOME/stage, see ../shared/gpu/README.md) and pdsdk from the carried
+# setup: install the staged wheels ($HOME/stage, see tests/gpu/README.md) and pdsdk from the carried
 #   archive .whl/pdsdk.tar (`git archive HEAD`, so other engineers' uncommitted edits never travel), and
 #   write the Qwen3-8B-shaped model to $HOME/qwen3-8b-shape.
 # transports: `pdsdk bench transport` GPU0 <- GPU1 for every transport, Mooncake's NVLink protocol, the

@@ -160,6 +160,13 @@ def test_markdown_sections_merge_per_tier(tmp_path):
     assert text.index("pdsdk-matrix:cpu begin") < text.index("pdsdk-matrix:gpu-h200 begin")
 
 
+
+def test_chaos_section_names_the_run_it_comes_from():
+    later = record("cpu", date="2026-02-02T00:00:00")
+    del later["faults"]  # the later run has no chaos run: the section shows the earlier one's, and says so
+    assert "`vllm/2P1D/nixl/redis` (run of 2026-01-01), 40 requests" in report_md.render([record("cpu"), later])
+
+
 def test_compat_lists_versions_per_cell(tmp_path):
     doc = tmp_path / "compat.md"
     report_md.update_compat(doc, [record("cpu")])

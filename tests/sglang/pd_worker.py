@@ -1,5 +1,5 @@
 """One side of an SGLang PD transfer, in its own process, driven the way SGLang's scheduler drives
-a transfer backend (research/sglang.md section 1.6), with no model and no scheduler.
+a transfer backend (disaggregation/prefill.py and decode.py), with no model and no scheduler.
 
 KV memory is SGLang's own: a real MHATokenToKVPool on CPU and real MetadataBuffers, described to
 the manager by a KVArgs filled like disaggregation/prefill.py and decode.py fill it. The prefill

@@ -39,7 +39,7 @@ def test_pickle_encoding_of_the_hash_input():
 
 
 def test_sglang_page_hashes_match_get_hash_str():
-    def get_hash_str(token_ids, prior_hash=None):  # SGLang's, as in research/sglang.md
+    def get_hash_str(token_ids, prior_hash=None):  # SGLang's mem_cache get_hash_str, in Python
         hasher = hashlib.sha256()
         if prior_hash:
             hasher.update(bytes.fromhex(prior_hash))

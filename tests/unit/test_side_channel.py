@@ -68,7 +68,7 @@ def test_malformed_requests_get_a_short_error_and_the_thread_lives(server, body)
 
 @pytest.mark.parametrize("body", [
     b"\x81\xa7tp_rank" + b"\x91" * 100_000 + b"\x00",  # 100 KB of nesting: a RecursionError
-    msgspec.msgpack.encode({"tp_rank": "x" * (1 << 20)}),  # was echoed back whole
+    msgspec.msgpack.encode({"tp_rank": "x" * (1 << 20)}),  # 1 MiB that must not be echoed back
 ])
 def test_oversized_requests_are_dropped_unread(server, body):
     assert len(body) > MAX_REQUEST
