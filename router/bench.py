@@ -57,7 +57,8 @@ def _seconds(least: int):
 def register(sub) -> None:
     p = sub.add_parser("router", help="latency added by the router (1/50/500 streams) and KV index speed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--streams", default="1,50,500", help="concurrency levels (connections with --peer), comma-separated (default 1,50,500)")
+    p.add_argument("--streams", default="1,50,500",
+                   help="concurrency levels (connections with --peer), comma-separated (default 1,50,500)")
     p.add_argument("--requests", type=int, default=4, help="requests per stream per level (default 4, min 400 total)")
     p.add_argument("--tokens", type=int, default=8, help="tokens each streamed answer carries (default 8)")
     p.add_argument("--paced-streams", type=int, default=500,
@@ -66,7 +67,7 @@ def register(sub) -> None:
     p.add_argument("--paced-itl-ms", type=float, default=100.0,
                    help="ms between tokens in the paced run (default 100: 5000 tokens/s over 500 streams)")
     p.add_argument("--policy", default="round_robin",
-                   help="router policy during the latency runs; with --peer every router's (default round_robin)")
+                   help="router policy of the latency runs, or of every router with --peer (default round_robin)")
     p.add_argument("--index-blocks", type=int, default=200_000,
                    help="block events to ingest (default 200000; 0 skips the KV index run)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
@@ -75,8 +76,8 @@ def register(sub) -> None:
                         "runs above")
     p.add_argument("--workers", type=int, default=4, help="--peer: lean worker processes (default 4)")
     p.add_argument("--duration", type=_seconds(1), default=10, help="--peer: seconds per level (default 10)")
-    p.add_argument("--warmup", type=_seconds(0), default=1, help="--peer: unrecorded seconds before each level "
-                   "(default 1)")
+    p.add_argument("--warmup", type=_seconds(0), default=1,
+                   help="--peer: unrecorded seconds before each level (default 1)")
     p.add_argument("--client", choices=("wrk", "python"), default=bench_clients.default_client(),
                    help="--peer: load client (default: wrk when installed, else python)")
     p.add_argument("--client-threads", type=int, default=min(4, max(1, (os.cpu_count() or 1) // 4)),
@@ -131,11 +132,11 @@ def _pair(args, tokens: int, itl_s: float):
     from pdsdk.ports import free_port
 
     wport, rport = free_port(), free_port()
-    worker = spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks", str(tokens),
-                     "--token-delay", str(itl_s)], wport)
+    worker = spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks",
+                    str(tokens), "--token-delay", str(itl_s)], wport)
     try:
-        router = spawn([sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--worker",
-                         f"http://127.0.0.1:{wport}", "--policy", args.policy], rport)
+        argv = bench_peers.router_argv("pdsdk", rport, [f"http://127.0.0.1:{wport}"], args.policy, 1)
+        router = spawn(argv, rport)
     except BaseException:
         worker.kill()
         raise

@@ -62,8 +62,9 @@ def run_python(port: int, connections: int, seconds: int, body: dict) -> Load:
                                            count_errors=True))
     finally:
         gc.enable()
-    return Load(len(res.latency), res.seconds, _pct_ms(res.latency, .5), _pct_ms(res.latency, .99), res.errors,
-                time.process_time() - c0)
+    lat = res.latency
+    cpu = time.process_time() - c0
+    return Load(len(lat), res.seconds, _pct_ms(lat, .5), _pct_ms(lat, .99), res.errors, cpu)
 
 
 def run_wrk(port: int, connections: int, seconds: int, body: dict, threads: int) -> Load:

@@ -13,6 +13,7 @@ in its record.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -37,7 +38,8 @@ def peer_list(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
     unknown = sorted(set(names) - set(PEERS))
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peer {', '.join(unknown)}; known: {', '.join(PEERS)}, none")
+        known = ", ".join(PEERS)
+        raise argparse.ArgumentTypeError(f"unknown peer {', '.join(unknown)}; known: {known}, none")
     return list(dict.fromkeys(names))
 
 
@@ -53,6 +55,13 @@ def _vllm_router_exe() -> str | None:
     return str(beside) if beside.exists() else shutil.which("vllm-router")
 
 
+@functools.cache
+def pdsdk_router_has_processes() -> bool:
+    out = subprocess.run([sys.executable, "-m", "pdsdk", "router", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd="/", check=False)
+    return "--processes" in out.stdout
+
+
 def router_argv(name: str, port: int, workers: list[str], policy: str, processes: int) -> list[str] | str:
     """The command line that starts router `name` on `port`, or why it cannot start here."""
     from pdsdk.ports import free_port
@@ -61,14 +70,18 @@ def router_argv(name: str, port: int, workers: list[str], policy: str, processes
         argv = [sys.executable, "-m", "pdsdk", "router", "--port", str(port), "--policy", policy]
         for w in workers:
             argv += ["--worker", w]
-        return argv + (["--processes", str(processes)] if processes != 1 else [])
+        if pdsdk_router_has_processes():  # always said: its default is not 1 process
+            return argv + ["--processes", str(processes)]
+        return argv if processes == 1 else "this pdsdk router has no --processes: run it with --processes 1"
     # Both peers: loopback only, a metrics port of their own (two on the default 29000 collide),
     # warnings only (as quiet as pdsdk's router, which logs no line per request).
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     if name == "vllm-router":
         exe = _vllm_router_exe()
-        return [exe, *common, "--log-level", "warning"] if exe else f"vllm-router is not installed ({INSTALL_HINT})"
+        if exe is None:
+            return f"vllm-router is not installed ({INSTALL_HINT})"
+        return [exe, *common, "--log-level", "warning"]
     if name == "sglang-router":
         if importlib.util.find_spec("sglang_router") is None:
             return f"sglang-router is not installed ({INSTALL_HINT})"
@@ -100,7 +113,8 @@ def _measure(args, name: str, router: subprocess.Popen, port: int, connections: 
     res = _load(args, port, connections, args.duration, body)
     r1, w1 = tree_cpu_s(router.pid), [cpu_s(w.pid) for w in workers]
     n = max(res.requests, 1)
-    rec = {"router": name, "version": _version_of(name), "processes": args.processes if name == "pdsdk" else 1,
+    processes = args.processes if name == "pdsdk" else 1
+    rec = {"router": name, "version": _version_of(name), "processes": processes,
            "connections": connections, "rps": round(res.requests / res.seconds, 1) if res.seconds else 0.0,
            "p50_ms": round(res.p50_ms, 3), "p99_ms": round(res.p99_ms, 3),
            "cpu_us_per_req": round((r1 - r0) / n * 1e6) if r0 is not None and r1 is not None else None,
@@ -132,7 +146,8 @@ def compare(args, say=print) -> list[dict[str, Any]]:
     from pdsdk.ports import free_port
 
     levels = [int(s) for s in args.streams.split(",") if s]
-    body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": args.tokens, "stream": True}
+    body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": args.tokens,
+            "stream": True}
     probe = json.dumps({**body, "stream": False}).encode()
     logs = tempfile.mkdtemp(prefix="pdsdk-bench-router-")
     workers, urls = [], []
@@ -140,8 +155,9 @@ def compare(args, say=print) -> list[dict[str, Any]]:
     try:
         for i in range(args.workers):
             port = free_port()
-            workers.append(spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(port), "--chunks",
-                                  str(args.tokens)], port, log=f"{logs}/worker{i}.log"))
+            worker = [sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(port),
+                      "--chunks", str(args.tokens)]
+            workers.append(spawn(worker, port, log=f"{logs}/worker{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
         for name in ["pdsdk", *args.peer]:
             port = free_port()
@@ -165,7 +181,9 @@ def compare(args, say=print) -> list[dict[str, Any]]:
 
 
 def _cell(v: Any) -> str:
-    return "" if v is None else f"{v:,}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    if v is None:
+        return ""
+    return f"{v:,}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def report(args, records: list[dict[str, Any]], console) -> int:
@@ -178,17 +196,18 @@ def report(args, records: list[dict[str, Any]], console) -> int:
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     table = Table(title=f"pdsdk bench router --peer ({os.cpu_count()} cores, {args.workers} lean workers, "
                         f"client {args.client}{load})")
-    cols = ("router", "version", "processes", "connections", "rps", "p50_ms", "p99_ms", "cpu_us_per_req", "errors",
-            "ratio_to_best_peer", "p99_ratio_to_best_peer", "client_cpu_us_per_req")
+    cols = ("router", "version", "processes", "connections", "rps", "p50_ms", "p99_ms", "cpu_us_per_req",
+            "errors", "ratio_to_best_peer", "p99_ratio_to_best_peer", "client_cpu_us_per_req")
     for c in cols:
         table.add_column(c.replace("_", " "))
     for r in records:
         table.add_row(*[_cell(r.get(c)) if c != "version" or "skipped" not in r else "skipped" for c in cols])
     console.print(table)
     if args.doc:
-        rows = [[f"{r['router']} {r['version']}", r["processes"], r["connections"], _cell(r["rps"]), r["p50_ms"],
-                 r["p99_ms"], _cell(r["cpu_us_per_req"]), r["errors"], _cell(r["ratio_to_best_peer"]),
-                 f"{r['client']}, {r['workers']} workers"] for r in records if "rps" in r]
+        rows = [[f"{r['router']} {r['version']}", r["processes"], r["connections"], _cell(r["rps"]),
+                 r["p50_ms"], r["p99_ms"], _cell(r["cpu_us_per_req"]), r["errors"],
+                 _cell(r["ratio_to_best_peer"]), f"{r['client']}, {r['workers']} workers"]
+                for r in records if "rps" in r]
         try:
             console.print(f"appended {len(rows)} rows to {append_rows(args.doc, SECTION, rows)}")
         except ValueError as e:

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no http_proxy
 
 
 def _stat(pid: int) -> list[str]:
@@ -84,7 +85,7 @@ def wait_answering(port: int, body: bytes, proc: subprocess.Popen, timeout_s: fl
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                      {"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with _DIRECT.open(req, timeout=5) as r:
                 r.read()
                 return
         except (urllib.error.URLError, OSError) as e:

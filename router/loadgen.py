@@ -68,7 +68,8 @@ class _WorkerProto(asyncio.Protocol):
     def _refuse(self, status: str, why: str) -> None:
         """Answers a request it cannot read and closes the connection (also an HTTP/2 preface:
         sglang-router probes every worker for gRPC)."""
-        self.transport.write(LeanWorker._reply(status, "application/json", msgspec.json.encode({"error": why})))
+        answer = msgspec.json.encode({"error": why})
+        self.transport.write(LeanWorker._reply(status, "application/json", answer))
         self.transport.close()
         self.buf.clear()
 

@@ -39,11 +39,15 @@ def test_peer_names_are_checked():
     assert out.returncode == 2 and "whole seconds" in out.stderr
 
 
-def test_processes_flag_only_when_not_one():
+def test_processes_always_said_to_a_router_that_has_the_option(monkeypatch):
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    monkeypatch.setattr(bench_peers, "pdsdk_router_has_processes", lambda: True)
+    assert bench_peers.router_argv("pdsdk", 9, urls, "round_robin", 1)[-2:] == ["--processes", "1"]
+    assert bench_peers.router_argv("pdsdk", 9, urls, "round_robin", 4)[-2:] == ["--processes", "4"]
+    monkeypatch.setattr(bench_peers, "pdsdk_router_has_processes", lambda: False)
     one = bench_peers.router_argv("pdsdk", 9, urls, "round_robin", 1)
     assert "--processes" not in one and one.count("--worker") == 2
-    assert bench_peers.router_argv("pdsdk", 9, urls, "round_robin", 4)[-2:] == ["--processes", "4"]
+    assert "no --processes" in bench_peers.router_argv("pdsdk", 9, urls, "round_robin", 4)
 
 
 def test_ratios_to_the_best_peer_at_each_level():
@@ -67,7 +71,8 @@ def test_lean_worker_answers_what_sglang_router_asks_and_refuses_garbage():
             # sglang-router probes every worker for gRPC: an HTTP/2 preface gets a 400 and a close
             got = await _exchange(w.port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             assert got.startswith(b"HTTP/1.1 400")
-            got = await _exchange(w.port, b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n")
+            huge = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"
+            got = await _exchange(w.port, huge)
             assert got.startswith(b"HTTP/1.1 400") and b"content-length" in got
             bad = b'{"max_tokens": "many", "stream": true}'
             got = await _exchange(w.port, b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
@@ -133,7 +138,8 @@ def _check(recs, name, levels):
     assert [r["connections"] for r in rows] == levels, recs
     for r in rows:
         assert r["requests"] > 10 and r["rps"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0, r
-        assert r["cpu_us_per_req"] > 0 and r["client_cpu_us_per_req"] > 0 and r["workers_cpu_us_per_req"] > 0, r
+        assert r["cpu_us_per_req"] > 0 and r["client_cpu_us_per_req"] > 0, r
+        assert r["workers_cpu_us_per_req"] is not None, r  # may be 0: /proc counts 10 ms ticks
     return rows
 
 
