@@ -176,6 +176,7 @@ def compare(args, say=print) -> list[dict[str, Any]]:
                 stop(router)
     finally:
         stop(*workers)
+    shutil.rmtree(logs, ignore_errors=True)  # kept when a run failed: the error names its log
     add_ratios(records)
     return records
 
