@@ -57,6 +57,12 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def _length(value: str) -> int:
+    """A Content-Length value, or -1 when it is not a decimal number."""
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() else -1
+
+
 class _WorkerProto(asyncio.Protocol):
     def __init__(self, server: LeanWorker):
         self.server, self.buf, self.transport = server, bytearray(), None
@@ -90,7 +96,7 @@ class _WorkerProto(asyncio.Protocol):
             for ln in lines[1:]:
                 k, _, v = ln.partition(":")
                 if k.strip().lower() == "content-length":
-                    length = int(v) if v.strip().isdigit() else -1
+                    length = _length(v)
             if not 0 <= length <= _MAX_BODY:
                 return self._refuse("400 Bad Request", f"content-length must be 0..{_MAX_BODY}")
             if len(self.buf) < end + 4 + length:

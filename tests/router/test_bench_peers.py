@@ -71,9 +71,10 @@ def test_lean_worker_answers_what_sglang_router_asks_and_refuses_garbage():
             # sglang-router probes every worker for gRPC: an HTTP/2 preface gets a 400 and a close
             got = await _exchange(w.port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             assert got.startswith(b"HTTP/1.1 400")
-            huge = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"
-            got = await _exchange(w.port, huge)
-            assert got.startswith(b"HTTP/1.1 400") and b"content-length" in got
+            for length in (b"99999999", b"-1", b"\xb2"):  # too large, negative, latin-1 "²" (int() refuses it)
+                head = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %s\r\n\r\n" % length
+                got = await _exchange(w.port, head)
+                assert got.startswith(b"HTTP/1.1 400") and b"content-length" in got, length
             bad = b'{"max_tokens": "many", "stream": true}'
             got = await _exchange(w.port, b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
                                   % (len(bad), bad))
