@@ -11,11 +11,11 @@ import json
 from urllib.parse import urlsplit
 
 from aiohttp import web
-
-from pdsdk.errors import ConfigError
-from pdsdk.router.bodies import BodyError, answer_and_close, receive_body
+from pdsdk.router.http.bodies import BodyError, answer_and_close, receive_body
 from pdsdk.router.orchestrator import json_error
 from pdsdk.router.workers import Worker
+
+from pdsdk.errors import ConfigError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 MAX_BODY = 64 << 10

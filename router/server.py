@@ -12,19 +12,20 @@ import time
 
 import aiohttp
 from aiohttp import web
+from pdsdk.router import admin, health, metrics
+from pdsdk.router.breaker import CircuitBreaker
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.http.bodies import BodyError, answer_and_close, expect_handler, receive_body
+from pdsdk.router.http.client_log import ServerLog, ThrottledLog
+from pdsdk.router.http.client_request import BadRequest, read_body, route_request
+from pdsdk.router.http.gate import Gate, GateSite, fit_to_fd_limit
+from pdsdk.router.http.worker_client import H1Pool
+from pdsdk.router.orchestrator import Orchestrator, json_error
+from pdsdk.router.policies.base import Policy, build_policy
+from pdsdk.router.workers import Worker, WorkerPool, parse_worker_arg
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from pdsdk.errors import ConfigError
-from pdsdk.router import admin, health, rmetrics
-from pdsdk.router.config import RouterConfig
-from pdsdk.router.bodies import BodyError, answer_and_close, expect_handler, receive_body
-from pdsdk.router.clientlog import ThrottledLog, ServerLog
-from pdsdk.router.conn import Gate, GateSite, fit_to_fd_limit
-from pdsdk.router.h1 import H1Pool
-from pdsdk.router.orchestrator import Orchestrator, json_error
-from pdsdk.router.policy import Policy, build_policy
-from pdsdk.router.requests import BadRequest, read_body, route_request
-from pdsdk.router.workers import CircuitBreaker, Worker, WorkerPool, parse_worker_arg
 
 log = logging.getLogger(__name__)
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -74,7 +75,7 @@ class Router:
                 self.spawn(health.check(self.session, w, self.cfg.health_timeout_s, self.cfg.health_failures))
         else:
             policy.remove_worker(w)
-            rmetrics.forget_worker(w.url, w.role)
+            metrics.forget_worker(w.url, w.role)
             log.info("worker %s (%s) left", w.url, w.role)
 
     def spawn(self, coro) -> asyncio.Task:
@@ -139,31 +140,31 @@ class Router:
         route = ROUTES[request.path]
         denied = self._client_denied(request)
         if denied:
-            rmetrics.count_request(route, "401")
+            metrics.count_request(route, "401")
             return denied
         try:
             raw = await receive_body(request, self.cfg.max_body_bytes, self.cfg.read_timeout_s)
         except BodyError as e:
-            rmetrics.count_request(route, str(e.status))
+            metrics.count_request(route, str(e.status))
             resp = json_error(e.status, str(e))
             return await answer_and_close(request, resp) if e.status == 408 else resp
         try:
             body, exact = read_body(raw, route)
             req = route_request(body, request.headers, route)
         except BadRequest as e:
-            rmetrics.count_request(route, "400")
+            metrics.count_request(route, "400")
             return json_error(400, str(e))
         req.extra["t0"] = start
         if exact:
             req.extra["raw"] = raw  # sent on as it is when the worker's body is the client's
         known = self.cfg.models or self.pool.models()
         if req.model is not None and known and req.model not in known:
-            rmetrics.count_request(route, "404")
+            metrics.count_request(route, "404")
             return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
                               "not_found_error")
         resp = await self.orchestrator.serve(request, body, req, request.path)
-        rmetrics.count_request(route, str(resp.status))
-        rmetrics.DURATION.observe(time.perf_counter() - start)
+        metrics.count_request(route, str(resp.status))
+        metrics.DURATION.observe(time.perf_counter() - start)
         return resp
 
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -190,13 +191,13 @@ class Router:
         for p in self.policies.values():
             st = p.stats()
             for src, n in st.get("blocks", {}).items():
-                rmetrics.KV_BLOCKS.labels(src).set(n)
+                metrics.KV_BLOCKS.labels(src).set(n)
             for src, s in st.get("streams", {}).items():
                 for k in ("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"):
-                    rmetrics.KV_EVENTS.labels(src, k).set(s.get(k, 0))
+                    metrics.KV_EVENTS.labels(src, k).set(s.get(k, 0))
         for w in self.pool.workers.values():
-            rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)  # sampled here, not per request
-            rmetrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
+            metrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)  # sampled here, not per request
+            metrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
         resp = web.Response(body=generate_latest(REGISTRY))
         resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return resp
@@ -219,7 +220,7 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
     # Idle keep-alive connections close after KEEPALIVE_S; an answer refused before its body was read
     # (413) lingers LINGER_S to let the client read it, not aiohttp's 10 s of reading and discarding.
-    # Bodies come as sent: a compressed one is refused (bodies.py), never inflated.
+    # Bodies come as sent: a compressed one is refused (http/bodies.py), never inflated.
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S, keepalive_timeout=KEEPALIVE_S,
                            lingering_time=LINGER_S, logger=ServerLog(router.clients),

@@ -12,12 +12,12 @@ import time
 import aiohttp
 import pytest
 from helpers import pdsdk_cli
+from pdsdk.router.etcd import Registration
 
 from pdsdk.cli import build_parser
-from pdsdk.router.etcd import Registration
-from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.ports import free_port
-from pdsdk.router.harness import Harness, eventually
+from pdsdk.testing.fake_worker import FakeWorker
+from pdsdk.testing.router_harness import Harness, eventually
 
 
 def test_every_router_option_has_help():

@@ -8,10 +8,10 @@ import logging
 import socket
 import time
 
+from pdsdk.router.config import RouterConfig
 from rawhttp import aexchange, request
 
-from pdsdk.router.config import RouterConfig
-from pdsdk.router.harness import Harness
+from pdsdk.testing.router_harness import Harness
 
 
 def run(coro):

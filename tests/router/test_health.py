@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from pdsdk.router import health
+from pdsdk.router.workers import Worker
 
 from pdsdk.ports import free_port
-from pdsdk.router import health
-from pdsdk.router.fakeworker import FakeWorker
-from pdsdk.router.workers import Worker
+from pdsdk.testing.fake_worker import FakeWorker
 
 
 async def _checks(w: Worker, n: int, timeout: float = 0.2, threshold: int = 3) -> list[bool]:

@@ -3,11 +3,12 @@
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
-import pdsdk
+import tomllib
 from helpers import REPO
+
+import pdsdk
 
 LAYERS = {"pdsdk": "pdsdk", "connectors": "pdsdk.connectors", "router": "pdsdk.router",
           "adapters": "pdsdk.adapters", "compat": "pdsdk.compat", "matrix": "pdsdk.matrix"}
@@ -32,7 +33,7 @@ def test_the_kv_index_is_compiled():
         pytest.skip("set by make test: the suite runs against a non-editable install")
     from pdsdk.router import kvindex
 
-    assert kvindex._compiled is not None, "router/_kvindex.c did not build: see pip install's output"
+    assert kvindex._compiled is not None, "router/kvindex/_kvindex.c did not build: see pip install's output"
 
 
 def test_every_folder_with_init_is_packaged():

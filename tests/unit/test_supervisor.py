@@ -15,6 +15,8 @@ import urllib.request
 
 import pytest
 from helpers import eventually
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.server import start
 from rich.console import Console
 
 from pdsdk import ConfigError
@@ -22,15 +24,13 @@ from pdsdk.launch.plan import LaunchPlan, ProcessSpec
 from pdsdk.launch.restart import RestartPolicy
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.ports import free_port
-from pdsdk.router.config import RouterConfig
-from pdsdk.router.server import start
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
 
 
 def fake(name: str, role: str) -> ProcessSpec:
     port = free_port()
-    cmd = [sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(port), "--role", role]
+    cmd = [sys.executable, "-m", "pdsdk.testing.fake_worker", "--port", str(port), "--role", role]
     return ProcessSpec(name, role, cmd, port=port)
 
 

@@ -1,7 +1,7 @@
 """A KV event publisher that speaks the engines' exact wire formats, for tests and the bench.
 
 The structs mirror the engines' own msgspec definitions (vllm/distributed/kv_events.py,
-sglang/srt/disaggregation/kv_events.py; research/vllm.md section 4, sglang.md section 4):
+sglang/srt/disaggregation/kv_events.py):
 - "vllm": events are maps tagged "type" (vLLM 0.33); "vllm-array": positional arrays (older vLLM);
 - "sglang": maps, None-valued optionals omitted (>= 0.5.20); "sglang-array": arrays (<= 0.5.15).
 The batch is always the array [ts, events, data_parallel_rank].

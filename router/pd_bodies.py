@@ -1,12 +1,12 @@
 """Request bodies for each engine's PD protocol (pure functions; the flow is in orchestrator.py).
 
-vLLM NixlConnector (research/vllm.md section 3, as vLLM's toy_proxy_server does it):
+vLLM NixlConnector (as vLLM's toy_proxy_server does it):
   prefill: the client's body + kv_transfer_params {do_remote_decode: true, do_remote_prefill: false,
            remote_engine_id/remote_block_ids/remote_host/remote_port: null}, stream false,
            max_tokens 1 (and max_completion_tokens 1 if present), without stream_options,
            min_tokens, min_completion_tokens; header X-Request-Id.
   decode:  the client's body + prefill's returned kv_transfer_params verbatim; same X-Request-Id.
-SGLang (research/sglang.md section 2): the same body to both, plus bootstrap_host (prefill's
+SGLang (as its mini load balancer does it): the same body to both, plus bootstrap_host (prefill's
 host, IPv6 bracketed), bootstrap_port (prefill's configured port or null) and a random 63-bit
 bootstrap_room (one per prompt of a batch: room + i).
 """

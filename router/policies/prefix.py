@@ -1,6 +1,6 @@
 """`prefix`: cache-aware routing on an approximate radix tree of what each worker was sent.
 
-Decision (the rule SGLang's cache_aware router uses, research/sglang.md section 2):
+Decision (the rule SGLang's cache_aware router uses):
 1. load guard: when loads are imbalanced (max - min > balance_abs AND max > balance_rel * min,
    load = requests in flight), take the least loaded worker, whatever the cache says;
 2. else the worker with the longest matching prefix, if it covers more than `cache_threshold`
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, require
+from pdsdk.router.policies.prefix_tree import PrefixTree, chunk_keys
+
 from pdsdk.errors import ConfigError
-from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, require
-from pdsdk.router.radix import PrefixTree, chunk_keys
 
 
 class Prefix(Policy):

@@ -6,7 +6,7 @@ streamed); it answers with kv_transfer_params naming itself, like NixlConnector.
 do_remote_prefill is a decode; it checks the params came from a prefill of the same X-Request-Id.
 SGLang (role prefill/decode): needs bootstrap_host/port/room; decode waits until the prefill
 with the same room has arrived (standing in for the KV transfer), and fails after a timeout.
-Run alone: python -m pdsdk.router.fakeworker --port P [--engine vllm] [--role plain] [--chunks N].
+Run alone: python -m pdsdk.testing.fake_worker --port P [--engine vllm] [--role plain] [--chunks N].
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ import uuid
 from typing import Any, Mapping
 
 import msgspec
-
-from pdsdk.router.hints import HintError, parse_hints
-from pdsdk.router.policy import RouteRequest
+from pdsdk.router.http.hints import HintError, parse_hints
+from pdsdk.router.policies.base import RouteRequest
 
 
 class BadRequest(ValueError):

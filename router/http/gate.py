@@ -14,17 +14,15 @@ each client connection goes through a `Gate` (installed by `GateSite`):
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
 import json
 import logging
 import resource
 import socket
+from typing import Any
 
 from aiohttp import HttpVersion11, web
-
-from pdsdk.router.clientlog import ThrottledLog, error_message
+from pdsdk.router.http.client_log import ThrottledLog, error_message
 
 log = logging.getLogger("pdsdk.router")
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
