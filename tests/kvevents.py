@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from helpers import eventually
-from pdsdk.router.kvindex.wire import decode_batch
-
 from pdsdk.ports import free_port
+from pdsdk.router.kvindex.wire import decode_batch
 from pdsdk.testing import fake_kv_events as fe
+
 
 FORMATS = list(fe.FORMATS)
 BS = 4  # tokens per block

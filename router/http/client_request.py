@@ -9,6 +9,7 @@ import uuid
 from typing import Any, Mapping
 
 import msgspec
+
 from pdsdk.router.http.hints import HintError, parse_hints
 from pdsdk.router.policies.base import RouteRequest
 

@@ -22,6 +22,7 @@ import socket
 from typing import Any
 
 from aiohttp import HttpVersion11, web
+
 from pdsdk.router.http.client_log import ThrottledLog, error_message
 
 log = logging.getLogger("pdsdk.router")

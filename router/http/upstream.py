@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 from aiohttp import web
+
 from pdsdk.router import metrics
 from pdsdk.router.http.worker_client import H1Pool, Response
 from pdsdk.router.workers import Worker

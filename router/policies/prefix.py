@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pdsdk.errors import ConfigError
 from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, require
 from pdsdk.router.policies.prefix_tree import PrefixTree, chunk_keys
-
-from pdsdk.errors import ConfigError
 
 
 class Prefix(Policy):

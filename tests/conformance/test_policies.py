@@ -12,9 +12,9 @@ import pytest
 from helpers import need_plugin
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pdsdk.router.policies import Choice, NoWorker, Policy, RouteRequest
 
 from pdsdk.plugins import registry
+from pdsdk.router.policies import Choice, NoWorker, Policy, RouteRequest
 
 
 @dataclass(eq=False)

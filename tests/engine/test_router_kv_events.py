@@ -14,11 +14,10 @@ import uuid
 import aiohttp
 import pytest
 from engine.servers import VllmServer, start_all
-from pdsdk.router.config import RouterConfig
-from pdsdk.router.server import start
-
 from pdsdk.launch.plan import KV_EVENTS_CONFIG
 from pdsdk.ports import free_port
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.server import start
 from pdsdk.testing.router_harness import Decisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -22,11 +22,11 @@ from pathlib import Path
 import aiohttp
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.server import start
+from pdsdk.testing.router_harness import Decisions
 
 from pdsdk.launch.plan import LaunchOptions, build_plan
 from pdsdk.launch.supervisor import Supervisor
 from pdsdk.ports import free_port
-from pdsdk.testing.router_harness import Decisions
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 ARGS = {"vllm": ["--gpu-memory-utilization", "0.85", "--max-model-len", "4096"],

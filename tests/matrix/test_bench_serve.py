@@ -10,9 +10,9 @@ import time
 
 import pytest
 from helpers import eventually, run_cli
+
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import AgentSpec, Workload, random_requests
-
 from pdsdk.ports import free_port
 from pdsdk.testing.fake_worker import FakeWorker
 from pdsdk.testing.router_harness import Harness

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from kvevents import endpoints
-
 from pdsdk.testing import fake_kv_events as fe
 
 

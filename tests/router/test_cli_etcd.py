@@ -12,10 +12,10 @@ import time
 import aiohttp
 import pytest
 from helpers import pdsdk_cli
-from pdsdk.router.etcd import Registration
 
 from pdsdk.cli import build_parser
 from pdsdk.ports import free_port
+from pdsdk.router.etcd import Registration
 from pdsdk.testing.fake_worker import FakeWorker
 from pdsdk.testing.router_harness import Harness, eventually
 

@@ -8,9 +8,9 @@ import logging
 import socket
 import time
 
-from pdsdk.router.config import RouterConfig
 from rawhttp import aexchange, request
 
+from pdsdk.router.config import RouterConfig
 from pdsdk.testing.router_harness import Harness
 
 

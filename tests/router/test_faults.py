@@ -9,9 +9,9 @@ import sys
 
 import aiohttp
 import pytest
-from pdsdk.router.workers import Worker
 
 from pdsdk.ports import free_port
+from pdsdk.router.workers import Worker
 from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 50}

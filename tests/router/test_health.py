@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from pdsdk.router import health
-from pdsdk.router.workers import Worker
 
 from pdsdk.ports import free_port
+from pdsdk.router import health
+from pdsdk.router.workers import Worker
 from pdsdk.testing.fake_worker import FakeWorker
 
 

@@ -9,11 +9,9 @@ import json
 
 import aiohttp
 import pytest
-from pdsdk.router.http import upstream
-from pdsdk.router.http import worker_client as h1
+from pdsdk.router.http import upstream, worker_client as h1
 from pdsdk.router.http.worker_client import H1Error, H1Pool
 from pdsdk.router.loadgen import LeanWorker, run_load
-
 from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 6}

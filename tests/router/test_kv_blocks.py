@@ -1,14 +1,13 @@
-"""Block keys and one source's blocks, compiled (router/kvindex/_kvindex.c) and in Python (kvindex/pure_python.py):
+"""Block keys and one source's blocks, compiled (kvindex/_kvindex.c) and in Python (kvindex/pure_python.py):
 the same answers, every msgpack integer width, every kind of engine hash, copies, churn."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
-from kvevents import BS, blocks, feed
+from kvevents import BS, feed, blocks
 from pdsdk.router.kvindex import KVIndex
 from pdsdk.router.kvindex.wire import WireError, decode_batch
-
 from pdsdk.testing import fake_kv_events as fe
 
 # every msgpack integer width, both signs, and token ids as they come

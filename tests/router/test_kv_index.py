@@ -4,9 +4,8 @@ across engines and batchings; salts, extra keys and LoRA blocks never matched by
 from __future__ import annotations
 
 import pytest
-from kvevents import BS, blocks, feed
+from kvevents import BS, feed, blocks
 from pdsdk.router.kvindex import KVIndex
-
 from pdsdk.testing import fake_kv_events as fe
 
 

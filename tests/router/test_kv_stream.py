@@ -10,7 +10,6 @@ import pytest
 from kvevents import BS, publish, wait
 from pdsdk.router.kvindex import KVIndex
 from pdsdk.router.kvindex.stream import EventStream
-
 from pdsdk.testing import fake_kv_events as fe
 from pdsdk.testing.router_harness import Decisions, Harness
 

@@ -7,17 +7,7 @@ import msgspec
 import pytest
 from kvevents import BS, FORMATS, blocks
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvindex.wire import (
-    STORED,
-    Cleared,
-    Removed,
-    Stored,
-    WireError,
-    as_ints,
-    decode_batch,
-    parse_seq,
-)
-
+from pdsdk.router.kvindex.wire import STORED, Cleared, Removed, Stored, WireError, as_ints, decode_batch, parse_seq
 from pdsdk.testing import fake_kv_events as fe
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from pdsdk.router import pd_bodies as pd
-
 from pdsdk.testing.router_harness import Harness
 
 BODY = {"model": "fake-model", "prompt": "hello world", "max_tokens": 3}

@@ -10,12 +10,12 @@ import tracemalloc
 
 import aiohttp
 import pytest
+
+from pdsdk.ports import free_port
 from pdsdk.router.policies.base import RouteRequest
 from pdsdk.router.policies.prefix import Prefix
 from pdsdk.router.policies.prefix_tree import PrefixTree
 from pdsdk.router.workers import Worker
-
-from pdsdk.ports import free_port
 
 
 def unique_prompt(i: int, size: int = 30_000) -> str:

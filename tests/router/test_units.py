@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from pdsdk.errors import ConfigError
 from pdsdk.router.breaker import CircuitBreaker
 from pdsdk.router.http.client_request import BadRequest, route_request
 from pdsdk.router.http.hints import parse_hints
@@ -13,8 +15,6 @@ from pdsdk.router.policies.prefix import Prefix
 from pdsdk.router.policies.prefix_tree import PrefixTree, chunk_keys
 from pdsdk.router.policies.session import Session
 from pdsdk.router.workers import Worker, parse_worker_arg
-
-from pdsdk.errors import ConfigError
 
 
 def ws(n):

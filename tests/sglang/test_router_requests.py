@@ -4,6 +4,7 @@ no servers): the PD bodies with their bootstrap fields, and POST /tokenize for k
 from __future__ import annotations
 
 import pytest
+
 from pdsdk.router.orchestrator import tokenize_request
 from pdsdk.router.pd_bodies import new_room, sglang_pd_body
 

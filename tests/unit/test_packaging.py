@@ -3,12 +3,11 @@
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-import tomllib
-from helpers import REPO
-
 import pdsdk
+from helpers import REPO
 
 LAYERS = {"pdsdk": "pdsdk", "connectors": "pdsdk.connectors", "router": "pdsdk.router",
           "adapters": "pdsdk.adapters", "compat": "pdsdk.compat", "matrix": "pdsdk.matrix"}
@@ -56,8 +55,8 @@ class Block:
             raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by test)")
 sys.meta_path.insert(0, Block())
 import pdsdk, pdsdk.connectors, pdsdk.router, pdsdk.adapters, pdsdk.compat, pdsdk.matrix
-from pdsdk.plugins import registry
 from pdsdk.config import load_config
+from pdsdk.plugins import registry
 specs = list(registry())
 load_config({{"transport": None}})
 for s in specs:

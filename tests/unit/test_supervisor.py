@@ -15,8 +15,6 @@ import urllib.request
 
 import pytest
 from helpers import eventually
-from pdsdk.router.config import RouterConfig
-from pdsdk.router.server import start
 from rich.console import Console
 
 from pdsdk import ConfigError
@@ -24,6 +22,8 @@ from pdsdk.launch.plan import LaunchPlan, ProcessSpec
 from pdsdk.launch.restart import RestartPolicy
 from pdsdk.launch.supervisor import ChildDied, Supervisor
 from pdsdk.ports import free_port
+from pdsdk.router.config import RouterConfig
+from pdsdk.router.server import start
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
 
