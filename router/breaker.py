@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
+
+STATES = ("closed", "half-open", "open")  # in rising order of trouble
 
 
 class CircuitBreaker:
     """closed -> (threshold consecutive failures) -> open for cooldown -> half-open: one trial
     request; its success closes the breaker, its failure reopens it with a doubled cooldown."""
 
-    def __init__(self, threshold: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 60.0):
+    def __init__(self, threshold: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 60.0,
+                 on_change: Callable[[str], None] | None = None):
         self.threshold, self.base_cooldown, self.max_cooldown = threshold, cooldown_s, max_cooldown_s
         self.failures, self.cooldown, self.opened_at = 0, cooldown_s, 0.0
-        self.state = "closed"
+        self._state = "closed"
         self._trial = False
+        self.on_change = on_change  # hears each new state (the router's processes share them)
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        if value != self._state:
+            self._state = value
+            if self.on_change is not None:
+                self.on_change(value)
 
     def allows(self, now: float | None = None) -> bool:
         if self.state == "closed":

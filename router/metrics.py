@@ -1,9 +1,23 @@
-"""Router metrics, in the default prometheus_client registry (so /metrics also shows the
-pdsdk_* observer metrics of pdsdk/metrics.py and the process collectors)."""
+"""Router metrics. Counters and histograms live in the default prometheus_client registry (so
+/metrics also shows the pdsdk_* observer metrics of pdsdk/metrics.py and the process collectors);
+the workers' gauges are read from the router's state at each scrape (`WorkerGauges`).
+
+With `--processes N`, each process writes its counters to files in PROMETHEUS_MULTIPROC_DIR (set
+before prometheus_client is imported) and a scrape of any process sums them all (`scrape`)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
 
 REQUESTS = Counter("pdsdk_router_requests", "Client requests by route and outcome", ["route", "outcome"])
 RETRIES = Counter("pdsdk_router_retries", "Attempts retried on another worker or pair", ["reason"])
@@ -21,13 +35,6 @@ TTFB = Histogram("pdsdk_router_first_byte_seconds", "Router receive to first res
                  buckets=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100))
 DURATION = Histogram("pdsdk_router_request_seconds", "Router receive to last byte sent",
                      buckets=(1e-2, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000))
-IN_FLIGHT = Gauge("pdsdk_router_in_flight", "Requests in flight per worker", ["worker", "role"])
-HEALTHY = Gauge("pdsdk_router_worker_healthy", "1 when the last health check passed", ["worker", "role"])
-BREAKER_OPEN = Gauge("pdsdk_router_breaker_open", "1 while the worker's circuit breaker is open",
-                     ["worker", "role"])
-KV_BLOCKS = Gauge("pdsdk_router_kv_index_blocks", "Blocks in the KV event index per source", ["source"])
-KV_EVENTS = Gauge("pdsdk_router_kv_events", "KV event stream counters per source", ["source", "counter"])
-
 
 _request_children: dict[tuple[str, str], object] = {}
 
@@ -40,9 +47,47 @@ def count_request(route: str, outcome: str) -> None:
     child.inc()
 
 
-def forget_worker(url: str, role: str) -> None:
-    for g in (IN_FLIGHT, HEALTHY, BREAKER_OPEN):
-        try:
-            g.remove(url, role)
-        except KeyError:
-            pass
+class WorkerGauges:
+    """A collector of the router's per-worker gauges, sampled from its state at scrape time."""
+
+    def __init__(self, router):
+        self.router = router
+
+    def collect(self):
+        labels = ["worker", "role"]
+        in_flight = GaugeMetricFamily("pdsdk_router_in_flight", "Requests in flight per worker", labels=labels)
+        healthy = GaugeMetricFamily("pdsdk_router_worker_healthy", "1 when the last health check passed",
+                                    labels=labels)
+        breaker = GaugeMetricFamily("pdsdk_router_breaker_open", "1 while the worker's circuit breaker is open",
+                                    labels=labels)
+        for w in self.router.pool.workers.values():
+            in_flight.add_metric([w.url, w.role], w.load)
+            healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)
+            breaker.add_metric([w.url, w.role], 1 if w.breaker_state == "open" else 0)
+        blocks = GaugeMetricFamily("pdsdk_router_kv_index_blocks", "Blocks in the KV event index per source",
+                                   labels=["source"])
+        events = GaugeMetricFamily("pdsdk_router_kv_events", "KV event stream counters per source",
+                                   labels=["source", "counter"])
+        for p in self.router.policies.values():
+            st = p.stats()
+            for src, n in st.get("blocks", {}).items():
+                blocks.add_metric([src], n)
+            for src, s in st.get("streams", {}).items():
+                for k in ("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"):
+                    events.add_metric([src, k], s.get(k, 0))
+        yield from (in_flight, healthy, breaker, blocks, events)
+
+
+def scrape(router, shared: bool) -> tuple[bytes, str]:
+    """The /metrics body and its content type: this process's registry, or (shared) every
+    process's counters, plus the workers' gauges."""
+    if shared:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    else:
+        registry = REGISTRY
+    gauges = CollectorRegistry(auto_describe=False)
+    gauges.register(WorkerGauges(router))
+    return generate_latest(registry) + generate_latest(gauges), CONTENT_TYPE_LATEST.split(";")[0]

@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from pdsdk import plugins
 from pdsdk.router import metrics, pd_bodies
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.http.client_log import ThrottledLog
@@ -19,8 +21,6 @@ from pdsdk.router.http.upstream import Retryable, open_stream, passthrough, post
 from pdsdk.router.http.worker_client import H1Pool
 from pdsdk.router.policies.base import Choice, NoWorker, Policy, RouteRequest
 from pdsdk.router.workers import Worker, WorkerPool
-
-from pdsdk import plugins
 
 log = logging.getLogger(__name__)
 DEADLINE_SLACK_S = 1e-3  # a timer may fire a hair before the deadline it was set for
@@ -119,7 +119,7 @@ class Orchestrator:
         workers = [w for w in (plan.prefill, plan.main) if w is not None]
         judged: set[str] = set()
         for w in workers:
-            w.inflight += 1
+            w.begin()
             w.breaker.started()
             self.policies[w.role].on_start(w, req)
         ok = False
@@ -146,7 +146,7 @@ class Orchestrator:
             raise
         finally:
             for w in workers:
-                w.inflight -= 1
+                w.end()
                 if w.url not in judged:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)

@@ -6,10 +6,13 @@ The pool decides which workers are candidates; policies only rank candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from pdsdk.router.breaker import CircuitBreaker
+
+if TYPE_CHECKING:
+    from pdsdk.router.processes.load_table import LoadTable
 
 from pdsdk.errors import ConfigError
 
@@ -28,9 +31,11 @@ class Worker:
     health_failures: int = 0  # failed health checks in a row
     draining: bool = False
     models: list[str] = field(default_factory=list)
-    inflight: int = 0
+    inflight: int = 0  # requests in flight from this process
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str | None = None
+    table: LoadTable | None = field(default=None, repr=False)  # shared by `router --processes N`
+    slot: int = -1  # the worker's column in `table`
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str):
@@ -55,7 +60,23 @@ class Worker:
 
     @property
     def load(self) -> int:
-        return self.inflight
+        """Requests in flight to this worker through the whole router (all of its processes)."""
+        return self.inflight if self.table is None else self.table.total(self.slot)
+
+    @property
+    def breaker_state(self) -> str:
+        """Its breaker's state; with several processes, the worst any of them holds."""
+        return self.breaker.state if self.table is None else self.table.breaker(self.slot)
+
+    def begin(self) -> None:
+        self.inflight += 1
+        if self.table is not None:
+            self.table.add(self.slot, 1)
+
+    def end(self) -> None:
+        self.inflight -= 1
+        if self.table is not None:
+            self.table.add(self.slot, -1)
 
     @property
     def host(self) -> str:
@@ -68,7 +89,7 @@ class Worker:
         return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port,
                 "kv_events": self.kv_events, "kv_replay": self.kv_replay, "source": self.source,
                 "healthy": self.healthy, "draining": self.draining, "models": self.models,
-                "in_flight": self.inflight, "breaker": self.breaker.state, "last_error": self.last_error}
+                "in_flight": self.load, "breaker": self.breaker_state, "last_error": self.last_error}
 
 
 def parse_worker_arg(value: str, role: str) -> Worker:

@@ -31,7 +31,7 @@ class FakeWorker:
         self.engine, self.role, self.model, self.chunks = engine, role, model, chunks
         self.token_delay_s, self.bootstrap_port = token_delay_s, bootstrap_port
         self.engine_id = uuid.uuid4().hex
-        self.requests: list[dict[str, Any]] = []  # {"path", "body", "headers"}
+        self.requests: list[dict[str, Any]] = []  # {"path", "body", "raw", "headers", "peer": (host, port)}
         self.cancelled: list[str] = []  # request ids whose client (the router) went away
         self.completed: list[str] = []
         self.hang = False  # accept and never answer
@@ -89,7 +89,8 @@ class FakeWorker:
         body = json.loads(raw)
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
         self.requests.append({"path": request.path, "body": body, "raw": raw,
-                              "headers": {k.lower(): v for k, v in request.headers.items()}})
+                              "headers": {k.lower(): v for k, v in request.headers.items()},
+                              "peer": request.transport.get_extra_info("peername")})
         try:
             return await self._generate(request, body, rid)
         except asyncio.CancelledError:

@@ -230,9 +230,10 @@ class GateSite(web.BaseSite):
     handed down by a launcher (`sock`)."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: Gate, backlog: int = 2048,
-                 sock: Any = None):
+                 sock: Any = None, reuse_port: bool = False):
         super().__init__(runner, backlog=backlog)
         self.host, self.port, self.gate, self.sock = host, port, gate, sock
+        self.reuse_port = reuse_port  # several processes listen on host:port, the kernel spreads connections
 
     @property
     def name(self) -> str:
@@ -241,7 +242,8 @@ class GateSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         factory = self._runner.server
-        where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
+        where = {"sock": self.sock} if self.sock is not None else \
+            {"host": self.host, "port": self.port, "reuse_port": self.reuse_port}
         self._server = await asyncio.get_running_loop().create_server(
             lambda: Conn(self.gate, factory()), backlog=self._backlog, **where)
 
