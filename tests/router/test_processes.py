@@ -252,16 +252,16 @@ def test_a_drained_worker_drains_in_every_process_and_leaves_when_all_its_reques
         ws = await workers(2, chunks=200, token_delay_s=0.05)
         r = await Router(*[a for w in ws for a in ("--worker", w.url)], "--policy", "round_robin").started()
         try:
-            slow = await slow_stream(r.url, tokens=40)  # 2 s
+            slow = await slow_stream(r.url, tokens=100)  # 5 s
             assert await until(lambda: sum(len(w.requests) for w in ws) == 1)
             busy, idle = ws if ws[0].requests else ws[::-1]
             (status, body), = await send(r.url, 1, {"url": busy.url}, path="/admin/workers/drain")
             assert status == 200 and body["draining"] and body["in_flight"] == 1
-            listed = await send(r.url, 6, None, path="/admin/workers")
-            assert all({w["url"]: (w["draining"], w["in_flight"]) for w in b["workers"]}[busy.url] == (True, 1)
-                       for _, b in listed)
             assert all(s == 200 for s, _ in await send(r.url, 20, {**BODY, "max_tokens": 1}))
             assert len(busy.requests) == 1 and senders(r, idle) == r.children()
+            listed = await send(r.url, 6, None, path="/admin/workers")  # still there, every process says
+            assert all({w["url"]: (w["draining"], w["in_flight"]) for w in b["workers"]}[busy.url] == (True, 1)
+                       for _, b in listed)
             await slow  # it ends normally: the drain waited for it, then the worker leaves every process
             for _ in range(50):
                 listed = await send(r.url, 6, None, path="/admin/workers")
