@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
+from pdsdk.errors import ConfigError
 from pdsdk.router.breaker import CircuitBreaker
 
 if TYPE_CHECKING:
     from pdsdk.router.processes.load_table import LoadTable
-
-from pdsdk.errors import ConfigError
 
 ROLES = ("plain", "prefill", "decode")
 

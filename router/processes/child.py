@@ -1,5 +1,5 @@
 """One serving process of `pdsdk router --processes N`, started by parent.py:
-python -m pdsdk.router.processes.child STATE_DIR INDEX PARENT_PID LOG_LEVEL
+python -m pdsdk.router.processes.child STATE_DIR INDEX PARENT_PID LOG_LEVEL < CONFIG_JSON
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ def main(argv: list[str]) -> None:
     state_dir, index, parent, level = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     _die_with_parent(parent)
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s %(name)s [process {index}]: %(message)s")
-    with open(os.path.join(state_dir, "config.json"), "rb") as f:
-        cfg = msgspec.json.decode(f.read(), type=RouterConfig)
+    cfg = msgspec.json.decode(sys.stdin.buffer.read(), type=RouterConfig)
     from pdsdk.router.processes.link import Link
     from pdsdk.router.processes.load_table import LoadTable
     from pdsdk.router.server import run

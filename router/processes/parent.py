@@ -2,8 +2,8 @@
 serving processes (child.py), starts another when one dies, and on SIGTERM or SIGINT stops them
 all (each drains its requests) before it exits. It serves no request itself.
 
-Its private folder (0700) holds the config the processes read, the local sockets, the load table
-and prometheus_client's multiprocess files; it is removed at exit.
+Its private folder (0700, in /dev/shm where there is one) holds the local sockets, the load table and
+prometheus_client's multiprocess files; it is removed at exit. Each process reads the config on its stdin.
 """
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ class Parent:
         if reserved is not None:
             cfg.port = reserved.getsockname()[1]
         os.mkdir(os.path.join(self.state_dir, "metrics"))
-        with open(os.open(os.path.join(self.state_dir, "config.json"), os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(msgspec.json.encode(cfg))
+        self.config = msgspec.json.encode(cfg)  # handed to each process on its stdin: keys stay off the disk
         self.table = LoadTable(os.path.join(self.state_dir, "load"), self.n, None, create=True)
         self.primary = Primary(cfg, self.state_dir, self.table, self._on_ready)
         stop = asyncio.Event()
@@ -137,12 +136,16 @@ class Parent:
             await asyncio.sleep(delay)
 
     async def _spawn(self, index: int) -> asyncio.subprocess.Process:
-        safe_path = ["-P"] if sys.flags.safe_path else []
+        safe_path = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # as this process was started
         cmd = [sys.executable, *safe_path, "-m", "pdsdk.router.processes.child", self.state_dir, str(index),
                str(os.getpid()), str(logging.getLogger().getEffectiveLevel())]
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": os.path.join(self.state_dir, "metrics")}
         fds = (self.cfg.listen_fd,) if self.cfg.listen_fd is not None else ()
-        return await asyncio.create_subprocess_exec(*cmd, env=env, pass_fds=fds, stdin=asyncio.subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_exec(*cmd, env=env, pass_fds=fds, stdin=asyncio.subprocess.PIPE)
+        proc.stdin.write(self.config)
+        await proc.stdin.drain()
+        proc.stdin.close()
+        return proc
 
     async def _stop_children(self) -> None:
         live = [p for p in self.procs.values() if p.returncode is None]
