@@ -45,6 +45,7 @@ def run(cfg: RouterConfig) -> None:
 def _reserve(host: str, port: int) -> socket.socket:
     """Bind host:port with SO_REUSEPORT, without listening: it fixes the port (0: any free one) that
     the serving processes then each bind and listen on."""
+    why = None
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
@@ -52,9 +53,25 @@ def _reserve(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
     except OSError as e:
-        raise ConfigError("--port", f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port "
-                                    "or stop what listens there") from None
+        why = e.strerror or str(e)
+    else:
+        if port and _answers(family, host, port):  # another SO_REUSEPORT server would share our connections
+            sock.close()
+            why = "a server listens there already"
+    if why is not None:
+        raise ConfigError("--port", f"cannot listen on {host}:{port} ({why}); pick another --port or stop what "
+                                    "listens there")
     return sock
+
+
+def _answers(family: int, host: str, port: int) -> bool:
+    target = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            return s.connect_ex((target, port)) == 0
+    except OSError:
+        return False
 
 
 class Parent:

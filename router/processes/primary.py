@@ -6,6 +6,7 @@ that starts late or was restarted. Admin changes come in from the process that t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Callable
 
@@ -63,7 +64,7 @@ class Primary:
         return self.seq
 
     async def _keep_publishing(self) -> None:
-        for n in range(1, 1 << 62):
+        for n in itertools.count(1):
             await asyncio.sleep(CHECK_S)
             self.publish(again=n % RESEND_EVERY == 0)
 

@@ -142,6 +142,19 @@ def test_processes_option_and_its_environment_default(monkeypatch):
         config_from_args(parse(["router"]))
 
 
+def test_a_port_another_server_listens_on_is_refused_not_shared():
+    """SO_REUSEPORT would let a second router join the first one's port and take half its clients."""
+    import socket
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        out = subprocess.run([pdsdk_cli(), "router", "--processes", "2", "--port", str(other.getsockname()[1]),
+                              "--worker", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 2 and "--port" in out.stderr and "listens there already" in out.stderr, out.stderr
+
+
 # --- slow: real processes -------------------------------------------------------------------------
 
 @pytest.mark.slow
