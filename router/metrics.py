@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram,
+                               generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
 REQUESTS = Counter("pdsdk_router_requests", "Client requests by route and outcome", ["route", "outcome"])

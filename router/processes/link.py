@@ -20,7 +20,7 @@ from pdsdk.router.worker_set import AdminError
 from pdsdk.router.workers import Worker
 
 log = logging.getLogger(__name__)
-FIRST_SNAPSHOT_S = 30.0  # the primary has checked the static workers' health by then
+FIRST_SNAPSHOT_S = 30.0  # the primary sends it when this process subscribes, and every second
 CALL_TIMEOUT_S = 10.0
 
 

@@ -1,7 +1,8 @@
 """The router's one worker set, kept by the parent of its serving processes as a single-process
 router keeps it (static list, admin changes, etcd, one health checker). Each change goes out to
-every process as a numbered snapshot; the current one goes out again every second, for a process
-that starts late or was restarted. Admin changes come in from the process that took the request."""
+every process as a numbered snapshot; the current one goes out again to a process that subscribes
+(one that starts or restarts), and every second. Admin changes come in from the process that took
+the request."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class Primary:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)  # XPUB: a new subscriber is heard, and sent the set at once
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._pub.bind(endpoint(self.state_dir, "snapshots"))
         self._control = self._ctx.socket(zmq.ROUTER)
         self._control.bind(endpoint(self.state_dir, "control"))
@@ -51,6 +53,7 @@ class Primary:
         self.publish()
         self.workers.spawn(self._answer_calls())
         self.workers.spawn(self._keep_publishing())
+        self.workers.spawn(self._welcome())
 
     def publish(self, again: bool = True) -> int:
         """Send the worker set (a new seq when it changed; else only when `again`); its seq."""
@@ -67,6 +70,11 @@ class Primary:
         for n in itertools.count(1):
             await asyncio.sleep(CHECK_S)
             self.publish(again=n % RESEND_EVERY == 0)
+
+    async def _welcome(self) -> None:
+        while True:
+            if (await self._pub.recv())[:1] == b"\x01":  # a subscription: a process (re)started
+                self.publish()
 
     async def _answer_calls(self) -> None:
         while True:
