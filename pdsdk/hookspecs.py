@@ -53,7 +53,7 @@ def pdsdk_add_policies(registrar):
     """Register L5 routing policies.
 
     Call ``registrar.add(name, "pkg.module:Class", summary=...)``. The class implements
-    the router's policy contract (`pdsdk.router.policy.Policy`).
+    the router's policy contract (`pdsdk.router.policies.Policy`).
     """
 
 

@@ -4,7 +4,6 @@ to requests addressed to the router itself (Host and Origin), so no web page can
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 import json
@@ -12,10 +11,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from pdsdk.errors import ConfigError
-from pdsdk.router.bodies import BodyError, answer_and_close, receive_body
+from pdsdk.router.http.bodies import BodyError, answer_and_close, receive_body
 from pdsdk.router.orchestrator import json_error
-from pdsdk.router.workers import Worker
+from pdsdk.router.worker_set import AdminError, admin_worker
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 MAX_BODY = 64 << 10
@@ -78,12 +76,6 @@ def admin_denied(request: web.Request, router) -> web.Response | None:
     return None
 
 
-class AdminError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 async def _body(request: web.Request, idle_s: float) -> dict:
     if not request.body_exists:
         return {}
@@ -95,12 +87,6 @@ async def _body(request: web.Request, idle_s: float) -> dict:
     if not isinstance(body, dict):
         raise AdminError(400, "body must be a JSON object")
     return body
-
-
-def _url(value) -> str:
-    if not isinstance(value, str) or not value:
-        raise AdminError(400, "'url' is required and must be a string like http://10.0.0.5:8000")
-    return value
 
 
 def routes(router) -> list[tuple]:
@@ -126,37 +112,20 @@ def routes(router) -> list[tuple]:
 
     async def add_worker(request):
         b = await _body(request, idle_s)
-        url = _url(b.get("url"))
-        default_role = "plain" if not router.cfg.pd else None
-        try:
-            w = Worker(url, role=b.get("role") or default_role or "", source="admin",
-                       bootstrap_port=b.get("bootstrap_port"), kv_events=b.get("kv_events"),
-                       kv_replay=b.get("kv_replay"))
-        except ConfigError as e:
-            return json_error(400, str(e))
-        if (w.role == "plain") == router.cfg.pd:
-            return json_error(400, f"role {w.role!r} does not fit a router in {'PD' if router.cfg.pd else 'plain'} "
-                                   "mode (use prefill/decode in PD mode, plain otherwise)")
-        w = router.add_worker(w)
-        return web.json_response(w.describe(), status=201)
+        w = admin_worker(router.cfg, _url(b.get("url")), b.get("role"), b.get("bootstrap_port"), b.get("kv_events"),
+                         b.get("kv_replay"))
+        return _answer(*await router.admin_ops.add(w))
 
     async def remove_worker(request):
         url = _url(request.query.get("url") or (await _body(request, idle_s)).get("url"))
-        w = pool.remove(url)
-        return web.json_response(w.describe()) if w else json_error(404, f"no worker {url[:200]!r}")
+        return _answer(*await router.admin_ops.remove(url))
 
     async def drain_worker(request):
         b = await _body(request, idle_s)
         url, remove = _url(b.get("url")), b.get("remove", True)
         if not isinstance(remove, bool):
             raise AdminError(400, "'remove' must be true or false")
-        w = pool.get(url)
-        if w is None:
-            return json_error(404, f"no worker {url[:200]!r}")
-        w.draining = True
-        if remove:
-            router.spawn(_remove_when_idle(pool, w))
-        return web.json_response(w.describe())
+        return _answer(*await router.admin_ops.drain(url, remove))
 
     async def policies(request):
         return web.json_response({role: {"policy": p.name, **p.stats()} for role, p in router.policies.items()},
@@ -168,8 +137,11 @@ def routes(router) -> list[tuple]:
             ("GET", "/admin/policies", guarded(policies))]
 
 
-async def _remove_when_idle(pool, w: Worker, poll_s: float = 0.05) -> None:
-    while w.inflight > 0 and w.draining and pool.get(w.url) is w:
-        await asyncio.sleep(poll_s)
-    if w.draining and pool.get(w.url) is w:
-        pool.remove(w.url)
+def _url(value) -> str:
+    if not isinstance(value, str) or not value:
+        raise AdminError(400, "'url' is required and must be a string like http://10.0.0.5:8000")
+    return value
+
+
+def _answer(status: int, body: dict) -> web.Response:
+    return web.json_response(body, status=status)

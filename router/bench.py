@@ -187,9 +187,9 @@ def index_speeds(args) -> list[dict[str, Any]]:
 
 
 def index_speed(args, case: str = "kv_index", blocks_per_event: int = 16) -> dict[str, Any]:
-    from pdsdk.router import fake_events as fe
+    from pdsdk.testing import fake_kv_events as fe
     from pdsdk.router.kvindex import KVIndex
-    from pdsdk.router.kvwire import decode_batch
+    from pdsdk.router.kvindex.wire import decode_batch
 
     bs, per_batch, sources = args.block_size, 16, 4
     prompt_blocks = 128  # 2048-token prompts

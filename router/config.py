@@ -8,6 +8,7 @@ from typing import Any
 from pdsdk.errors import ConfigError
 
 ENGINES = ("vllm", "sglang")
+MAX_PROCESSES = 64
 
 
 @dataclass
@@ -15,6 +16,7 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     listen_fd: int | None = None  # a listening socket inherited from `pdsdk launch`, kept across router restarts
+    processes: int = 1  # serving processes on the one port (processes/); 1: this process serves
     engine: str = "vllm"
     workers: list[str] = field(default_factory=list)  # plain mode
     prefill: list[str] = field(default_factory=list)  # PD mode; SGLang: "URL [BOOTSTRAP_PORT]"
@@ -59,6 +61,11 @@ class RouterConfig:
             return self.decode_policy or self.policy
         return self.policy
 
+    def describe(self) -> str:
+        roles = ("prefill", "decode") if self.pd else ("plain",)
+        return f"{'PD' if self.pd else 'plain'}, {self.engine}, policies " + \
+            ", ".join(f"{r}={self.policy_for(r)}" for r in roles)
+
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError("engine", f"{self.engine!r} is not one of {', '.join(ENGINES)}")
@@ -75,6 +82,8 @@ class RouterConfig:
             raise ConfigError("worker-api-key", "must be printable ASCII: it is sent in an HTTP header")
         if not 0 < self.read_timeout_s < float("inf"):
             raise ConfigError("read-timeout", f"seconds must be a positive number, not {self.read_timeout_s}")
+        if not 1 <= self.processes <= MAX_PROCESSES:
+            raise ConfigError("processes", f"must be 1 to {MAX_PROCESSES}, not {self.processes}")
         if self.health_failures < 1:
             raise ConfigError("health-failures", f"must be >= 1, not {self.health_failures}")
 

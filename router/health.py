@@ -7,7 +7,6 @@ import logging
 
 import aiohttp
 
-from pdsdk.router import rmetrics
 from pdsdk.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,6 @@ async def check(session: aiohttp.ClientSession, w: Worker, timeout: float, thres
         if ok:
             w.breaker.record(True)  # recovered: give it traffic again at once
     w.healthy = ok
-    rmetrics.HEALTHY.labels(w.url, w.role).set(1 if ok else 0)
-    rmetrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
 
 
 async def check_all(session: aiohttp.ClientSession, pool: WorkerPool, timeout: float, threshold: int = 1) -> None:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pdsdk import plugins
-from pdsdk.router import pd, rmetrics
-from pdsdk.router.clientlog import ThrottledLog
+from pdsdk.router import metrics, pd_bodies
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
-from pdsdk.router.h1 import H1Pool
-from pdsdk.router.requests import batch_size
-from pdsdk.router.upstream import Retryable, open_stream, passthrough, post_json, read_all, relay
+from pdsdk.router.http.client_log import ThrottledLog
+from pdsdk.router.http.client_request import batch_size
+from pdsdk.router.http.upstream import Retryable, open_stream, passthrough, post_json, read_all, relay
+from pdsdk.router.http.worker_client import H1Pool
+from pdsdk.router.policies.base import Choice, NoWorker, Policy, RouteRequest
 from pdsdk.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Orchestrator:
         # Conditional disaggregation (vLLM only: an SGLang decode server cannot prefill alone)
         alone = self.cfg.engine == "vllm"
         if alone and self.cfg.disagg_threshold > 0 and req.prompt_tokens - d.cached_tokens < self.cfg.disagg_threshold:
-            rmetrics.LOCAL_PREFILL.labels("short_prompt").inc()
+            metrics.LOCAL_PREFILL.labels("short_prompt").inc()
             return Plan(d.worker)
         try:
             return Plan(d.worker, self._choose("prefill", req, excluded).worker)
@@ -69,7 +69,7 @@ class Orchestrator:
                 raise
             # Every prefill is down, draining or failed this request: a vLLM decode worker prefills
             # itself (slower, but the request is served, not refused)
-            rmetrics.LOCAL_PREFILL.labels("no_prefill").inc()
+            metrics.LOCAL_PREFILL.labels("no_prefill").inc()
             return Plan(d.worker)
 
     # --- the request ----------------------------------------------------------------------
@@ -98,7 +98,7 @@ class Orchestrator:
                 excluded.update(w.url for w in e.suspects)
                 if e.status is not None:
                     refused.append(e.worker)
-                rmetrics.RETRIES.labels(e.worker.role).inc()
+                metrics.RETRIES.labels(e.worker.role).inc()
                 held = self.failures.allow(e.worker.url, "attempt failed")  # clients can make these at will
                 if held is not None:
                     log.warning("request %s attempt %d failed: %s%s", req.request_id, attempt + 1, e,
@@ -119,7 +119,7 @@ class Orchestrator:
         workers = [w for w in (plan.prefill, plan.main) if w is not None]
         judged: set[str] = set()
         for w in workers:
-            w.inflight += 1
+            w.begin()
             w.breaker.started()
             self.policies[w.role].on_start(w, req)
         ok = False
@@ -142,11 +142,11 @@ class Orchestrator:
                 judged.add(e.worker.url)
             raise
         except (asyncio.CancelledError, ConnectionResetError):
-            rmetrics.CLIENT_CANCELLED.inc()
+            metrics.CLIENT_CANCELLED.inc()
             raise
         finally:
             for w in workers:
-                w.inflight -= 1
+                w.end()
                 if w.url not in judged:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)
@@ -194,7 +194,7 @@ class Orchestrator:
         w.breaker.record(True)
         judged.add(w.url)
         if "t0" in req.extra:
-            rmetrics.TTFB.observe(time.perf_counter() - req.extra["t0"])
+            metrics.TTFB.observe(time.perf_counter() - req.extra["t0"])
         if opened.resp.status >= 400 or not stream:
             left = max(0.0, deadline - asyncio.get_running_loop().time())
             data = await read_all(opened, left)
@@ -204,11 +204,11 @@ class Orchestrator:
     async def _vllm(self, request, plan: Plan, path, body, req: RouteRequest, deadline, judged):
         hints = req.extra.get("hints", {})
         if plan.prefill is None:
-            return await self._single(request, plan.main, path, pd.vllm_plain_body(body, hints), req, deadline,
+            return await self._single(request, plan.main, path, pd_bodies.vllm_plain_body(body, hints), req, deadline,
                                       judged)
         p = plan.prefill
         rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"  # one id per attempt, same on both sides
-        status, data = await post_json(self.client, p, path, pd.vllm_prefill_body(body, hints),
+        status, data = await post_json(self.client, p, path, pd_bodies.vllm_prefill_body(body, hints),
                                        self._headers(rid), self._first_timeout(True, deadline))
         p.breaker.record(True)
         judged.add(p.url)
@@ -219,22 +219,22 @@ class Orchestrator:
         except ValueError:
             raise Retryable(p, "prefill answered with invalid JSON") from None
         if not params:
-            rmetrics.MISSING_PARAMS.labels(p.url).inc()
+            metrics.MISSING_PARAMS.labels(p.url).inc()
             if p.url not in self._warned_no_params:
                 self._warned_no_params.add(p.url)
                 log.warning("prefill worker %s returned no kv_transfer_params: is it started with a KV "
                             "connector (--kv-transfer-config)? Decode will recompute the prompt.", p.url)
-        return await self._single(request, plan.main, path, pd.vllm_decode_body(body, params, hints), req,
+        return await self._single(request, plan.main, path, pd_bodies.vllm_decode_body(body, params, hints), req,
                                   deadline, judged, rid=rid)
 
     async def _sglang(self, request, plan: Plan, path, body, req: RouteRequest, deadline, judged):
         hints = req.extra.get("hints", {})
         p = plan.prefill
         if p is None:
-            return await self._single(request, plan.main, path, pd.sglang_plain_body(body, hints), req,
+            return await self._single(request, plan.main, path, pd_bodies.sglang_plain_body(body, hints), req,
                                       deadline, judged)
         n = batch_size(body)
-        pbody = pd.sglang_pd_body(body, p.host, p.bootstrap_port, pd.new_room(n), n, hints)
+        pbody = pd_bodies.sglang_pd_body(body, p.host, p.bootstrap_port, pd_bodies.new_room(n), n, hints)
         left = max(0.0, deadline - asyncio.get_running_loop().time())
         prefill = asyncio.ensure_future(post_json(self.client, p, path, pbody, self._headers(req.request_id),
                                                   left))
@@ -307,4 +307,4 @@ def _unchanged(engine: str, body: dict, req: RouteRequest) -> bool:
 
 def pd_body(engine: str, body: dict, req: RouteRequest) -> dict:
     hints = req.extra.get("hints", {})
-    return pd.vllm_plain_body(body, hints) if engine == "vllm" else pd.sglang_plain_body(body, hints)
+    return pd_bodies.vllm_plain_body(body, hints) if engine == "vllm" else pd_bodies.sglang_plain_body(body, hints)

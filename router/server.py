@@ -12,26 +12,29 @@ import time
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from pdsdk.errors import ConfigError
-from pdsdk.router import admin, health, rmetrics
+from pdsdk.router import admin, metrics
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.bodies import BodyError, answer_and_close, expect_handler, receive_body
-from pdsdk.router.clientlog import ThrottledLog, ServerLog
-from pdsdk.router.conn import Gate, GateSite, fit_to_fd_limit
-from pdsdk.router.h1 import H1Pool
+from pdsdk.router.http.bodies import BodyError, answer_and_close, expect_handler, receive_body
+from pdsdk.router.http.client_log import ServerLog, ThrottledLog
+from pdsdk.router.http.client_request import BadRequest, read_body, route_request
+from pdsdk.router.http.gate import Gate, GateSite, fit_to_fd_limit
+from pdsdk.router.http.worker_client import H1Pool
 from pdsdk.router.orchestrator import Orchestrator, json_error
-from pdsdk.router.policy import Policy, build_policy
-from pdsdk.router.requests import BadRequest, read_body, route_request
-from pdsdk.router.workers import CircuitBreaker, Worker, WorkerPool, parse_worker_arg
+from pdsdk.router.policies.base import Policy, build_policy
+from pdsdk.router.worker_set import WorkerSet
+from pdsdk.router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
 class Router:
-    def __init__(self, cfg: RouterConfig):
+    """One serving process. It owns its worker set (`workers`), or, as one of `--processes N`,
+    mirrors the primary's through `link` (processes/link.py)."""
+
+    def __init__(self, cfg: RouterConfig, link=None):
         cfg.validate()
         self.cfg = cfg
         self.pool = WorkerPool()
@@ -39,49 +42,24 @@ class Router:
         self.policies: dict[str, Policy] = {
             r: build_policy(cfg.policy_for(r), cfg.policy_options.get(cfg.policy_for(r))) for r in roles}
         self.pool.listeners.append(self._on_pool_change)
+        self.link = link
+        self.workers = WorkerSet(cfg, self.pool) if link is None else None
+        self.admin_ops = self.workers or link  # where the admin API's changes go
         self.session: aiohttp.ClientSession | None = None
         self.client: H1Pool | None = None
         self.orchestrator: Orchestrator | None = None
-        self._tasks: set[asyncio.Task] = set()
         self.clients = ThrottledLog()  # bad requests: one log line per client per minute
         self.gate = Gate(cfg.max_connections, cfg.max_client_connections, cfg.read_timeout_s, self.clients)
         if cfg.pd and cfg.engine == "sglang" and cfg.disagg_threshold > 0:
             log.warning("--disagg-threshold is ignored with SGLang: its decode servers cannot prefill alone")
 
-    # --- workers --------------------------------------------------------------------------
-    def static_workers(self) -> list[Worker]:
-        specs = [(u, "plain") for u in self.cfg.workers] + [(u, "prefill") for u in self.cfg.prefill] + \
-                [(u, "decode") for u in self.cfg.decode]
-        out = []
-        for spec, role in specs:
-            w = parse_worker_arg(spec, role)
-            w.kv_events, w.kv_replay = self.cfg.kv_events.get(w.url), self.cfg.kv_replay.get(w.url)
-            out.append(w)
-        return out
-
     def add_worker(self, w: Worker) -> Worker:
-        w.breaker = CircuitBreaker(self.cfg.breaker_threshold, self.cfg.breaker_cooldown_s)
-        return self.pool.add(w)
+        return self.workers.add_worker(w)
 
     def _on_pool_change(self, event: str, w: Worker) -> None:
         policy = self.policies.get(w.role)
-        if policy is None:
-            return
-        if event == "add":
-            policy.add_worker(w)
-            log.info("worker %s joined as %s (%s)", w.url, w.role, w.source)
-            if self.session is not None:  # check it now rather than at the next round
-                self.spawn(health.check(self.session, w, self.cfg.health_timeout_s, self.cfg.health_failures))
-        else:
-            policy.remove_worker(w)
-            rmetrics.forget_worker(w.url, w.role)
-            log.info("worker %s (%s) left", w.url, w.role)
-
-    def spawn(self, coro) -> asyncio.Task:
-        t = asyncio.ensure_future(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
+        if policy is not None:
+            (policy.add_worker if event == "add" else policy.remove_worker)(w)
 
     # --- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -107,20 +85,13 @@ class Router:
         # the request hot path talks to workers with the lean client; health checks use aiohttp
         self.client = H1Pool(connect_timeout=self.cfg.connect_timeout_s)
         self.orchestrator = Orchestrator(self.cfg, self.pool, self.policies, self.client)
-        for w in self.static_workers():
-            self.add_worker(w)
-        await health.check_all(self.session, self.pool, self.cfg.health_timeout_s, self.cfg.health_failures)
-        self.spawn(health.loop(self.session, self.pool, self.cfg.health_interval_s, self.cfg.health_timeout_s,
-                                      self.cfg.health_failures))
-        if self.cfg.etcd:
-            from pdsdk.router.etcd import watch_workers
-
-            self.spawn(watch_workers(self, self.cfg.etcd, self.cfg.etcd_prefix))
+        if self.link is None:
+            await self.workers.start(self.session)
+        else:
+            await self.link.start(self)
 
     async def _cleanup(self, app) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await (self.workers or self.link).stop()
         for p in self.policies.values():
             p.close()
         if self.session is not None:
@@ -139,31 +110,31 @@ class Router:
         route = ROUTES[request.path]
         denied = self._client_denied(request)
         if denied:
-            rmetrics.count_request(route, "401")
+            metrics.count_request(route, "401")
             return denied
         try:
             raw = await receive_body(request, self.cfg.max_body_bytes, self.cfg.read_timeout_s)
         except BodyError as e:
-            rmetrics.count_request(route, str(e.status))
+            metrics.count_request(route, str(e.status))
             resp = json_error(e.status, str(e))
             return await answer_and_close(request, resp) if e.status == 408 else resp
         try:
             body, exact = read_body(raw, route)
             req = route_request(body, request.headers, route)
         except BadRequest as e:
-            rmetrics.count_request(route, "400")
+            metrics.count_request(route, "400")
             return json_error(400, str(e))
         req.extra["t0"] = start
         if exact:
             req.extra["raw"] = raw  # sent on as it is when the worker's body is the client's
         known = self.cfg.models or self.pool.models()
         if req.model is not None and known and req.model not in known:
-            rmetrics.count_request(route, "404")
+            metrics.count_request(route, "404")
             return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
                               "not_found_error")
         resp = await self.orchestrator.serve(request, body, req, request.path)
-        rmetrics.count_request(route, str(resp.status))
-        rmetrics.DURATION.observe(time.perf_counter() - start)
+        metrics.count_request(route, str(resp.status))
+        metrics.DURATION.observe(time.perf_counter() - start)
         return resp
 
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -187,19 +158,8 @@ class Router:
         return web.Response(text="ok")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        for p in self.policies.values():
-            st = p.stats()
-            for src, n in st.get("blocks", {}).items():
-                rmetrics.KV_BLOCKS.labels(src).set(n)
-            for src, s in st.get("streams", {}).items():
-                for k in ("batches", "blocks", "gaps", "replays", "lost", "restarts", "errors"):
-                    rmetrics.KV_EVENTS.labels(src, k).set(s.get(k, 0))
-        for w in self.pool.workers.values():
-            rmetrics.IN_FLIGHT.labels(w.url, w.role).set(w.inflight)  # sampled here, not per request
-            rmetrics.BREAKER_OPEN.labels(w.url, w.role).set(1 if w.breaker.state == "open" else 0)
-        resp = web.Response(body=generate_latest(REGISTRY))
-        resp.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-        return resp
+        body, content_type = metrics.scrape(self, shared=self.link is not None)
+        return web.Response(body=body, content_type=content_type)
 
 
 async def _no_route(request: web.Request, known: set[str]) -> web.Response:
@@ -212,14 +172,15 @@ SHUTDOWN_GRACE_S = 5.0
 KEEPALIVE_S, LINGER_S = 75.0, 2.0
 
 
-async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
-    """Start a router on cfg.host:cfg.port (port 0: any free port); returns the bound port."""
-    router = Router(cfg)
+async def start(cfg: RouterConfig, link=None) -> tuple[Router, web.AppRunner, int]:
+    """Start a router on cfg.host:cfg.port (port 0: any free port); returns the bound port. With a
+    `link` it is one of several processes on that port (SO_REUSEPORT), or on the inherited socket."""
+    router = Router(cfg, link)
     # Stopping waits at most SHUTDOWN_GRACE_S for requests in flight (aiohttp's default is 60 s: a
     # stop signal must not look like a hang; the launcher escalates to SIGKILL after 20 s anyway).
     # Idle keep-alive connections close after KEEPALIVE_S; an answer refused before its body was read
     # (413) lingers LINGER_S to let the client read it, not aiohttp's 10 s of reading and discarding.
-    # Bodies come as sent: a compressed one is refused (bodies.py), never inflated.
+    # Bodies come as sent: a compressed one is refused (http/bodies.py), never inflated.
     runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_GRACE_S, keepalive_timeout=KEEPALIVE_S,
                            lingering_time=LINGER_S, logger=ServerLog(router.clients),
@@ -228,7 +189,8 @@ async def start(cfg: RouterConfig) -> tuple[Router, web.AppRunner, int]:
     router.gate.max_connections = fit_to_fd_limit(cfg.max_connections)
     try:
         sock = _inherited(cfg.listen_fd) if cfg.listen_fd is not None else None
-        site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048, sock=sock)
+        site = GateSite(runner, cfg.host, cfg.port, router.gate, backlog=2048, sock=sock,
+                        reuse_port=link is not None and sock is None)
         await site.start()
     except ConfigError:
         await runner.cleanup()
@@ -253,15 +215,18 @@ def _inherited(fd: int) -> socket.socket:
     return sock
 
 
-def run(cfg: RouterConfig) -> None:
+def run(cfg: RouterConfig, link=None) -> None:
+    """Serve until SIGINT or SIGTERM: the whole router, or (with `link`) one of its processes."""
     async def main() -> None:
-        router, runner, port = await start(cfg)
+        router, runner, port = await start(cfg, link)
         # Start-up objects (imports, parsers, the app) move out of the collector's reach: its full
         # passes then walk only what requests hold, and stop the event loop that much shorter.
         gc.collect()
         gc.freeze()
-        print(f"pdsdk router on http://{cfg.host}:{port} ({'PD' if cfg.pd else 'plain'}, {cfg.engine}, "
-              f"policies {', '.join(f'{r}={p.name}' for r, p in router.policies.items())})", flush=True)
+        if link is None:
+            print(f"pdsdk router on http://{cfg.host}:{port} ({cfg.describe()})", flush=True)
+        else:
+            await link.ready()
         stop = asyncio.Event()
         # Handled explicitly: a process started in the background inherits SIGINT as ignored, and
         # SIGTERM's default would skip the cleanup (workers' connections, kv-event streams).

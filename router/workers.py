@@ -1,57 +1,21 @@
-"""Workers and the pool: health, draining, circuit breakers and in-flight counts.
+"""Workers and the pool: health, draining and in-flight counts (each with its circuit breaker).
 
 The pool decides which workers are candidates; policies only rank candidates.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from pdsdk.errors import ConfigError
+from pdsdk.router.breaker import CircuitBreaker
+
+if TYPE_CHECKING:
+    from pdsdk.router.processes.load_table import LoadTable
 
 ROLES = ("plain", "prefill", "decode")
-
-
-class CircuitBreaker:
-    """closed -> (threshold consecutive failures) -> open for cooldown -> half-open: one trial
-    request; its success closes the breaker, its failure reopens it with a doubled cooldown."""
-
-    def __init__(self, threshold: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 60.0):
-        self.threshold, self.base_cooldown, self.max_cooldown = threshold, cooldown_s, max_cooldown_s
-        self.failures, self.cooldown, self.opened_at = 0, cooldown_s, 0.0
-        self.state = "closed"
-        self._trial = False
-
-    def allows(self, now: float | None = None) -> bool:
-        if self.state == "closed":
-            return True
-        now = time.monotonic() if now is None else now
-        if self.state == "open" and now - self.opened_at >= self.cooldown:
-            self.state, self._trial = "half-open", False
-        return self.state == "half-open" and not self._trial
-
-    def started(self) -> None:
-        if self.state == "half-open":
-            self._trial = True
-
-    def release(self) -> None:
-        """The trial request ended without a verdict on this worker (its partner failed)."""
-        if self.state == "half-open":
-            self._trial = False
-
-    def record(self, ok: bool) -> None:
-        if ok:
-            self.failures, self.state, self.cooldown = 0, "closed", self.base_cooldown
-            return
-        self.failures += 1
-        if self.state == "half-open":
-            self.cooldown = min(self.cooldown * 2, self.max_cooldown)
-            self.state, self.opened_at = "open", time.monotonic()
-        elif self.state == "closed" and self.failures >= self.threshold:
-            self.state, self.opened_at = "open", time.monotonic()
 
 
 @dataclass(eq=False)
@@ -66,9 +30,11 @@ class Worker:
     health_failures: int = 0  # failed health checks in a row
     draining: bool = False
     models: list[str] = field(default_factory=list)
-    inflight: int = 0
+    inflight: int = 0  # requests in flight from this process
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str | None = None
+    table: LoadTable | None = field(default=None, repr=False)  # shared by `router --processes N`
+    slot: int = -1  # the worker's column in `table`
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str):
@@ -93,7 +59,23 @@ class Worker:
 
     @property
     def load(self) -> int:
-        return self.inflight
+        """Requests in flight to this worker through the whole router (all of its processes)."""
+        return self.inflight if self.table is None else self.table.total(self.slot)
+
+    @property
+    def breaker_state(self) -> str:
+        """Its breaker's state; with several processes, the worst any of them holds."""
+        return self.breaker.state if self.table is None else self.table.breaker(self.slot)
+
+    def begin(self) -> None:
+        self.inflight += 1
+        if self.table is not None:
+            self.table.add(self.slot, 1)
+
+    def end(self) -> None:
+        self.inflight -= 1
+        if self.table is not None:
+            self.table.add(self.slot, -1)
 
     @property
     def host(self) -> str:
@@ -106,7 +88,7 @@ class Worker:
         return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port,
                 "kv_events": self.kv_events, "kv_replay": self.kv_replay, "source": self.source,
                 "healthy": self.healthy, "draining": self.draining, "models": self.models,
-                "in_flight": self.inflight, "breaker": self.breaker.state, "last_error": self.last_error}
+                "in_flight": self.load, "breaker": self.breaker_state, "last_error": self.last_error}
 
 
 def parse_worker_arg(value: str, role: str) -> Worker:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from helpers import eventually
-from pdsdk.router import fake_events as fe
 from pdsdk.ports import free_port
-from pdsdk.router.kvwire import decode_batch
+from pdsdk.router.kvindex.wire import decode_batch
+from pdsdk.testing import fake_kv_events as fe
 
 
 FORMATS = list(fe.FORMATS)

@@ -9,7 +9,7 @@ import logging
 import socket
 import threading
 
-from pdsdk.router.harness import Harness
+from pdsdk.testing.router_harness import Harness
 
 
 def request(path: str, body: bytes = b"", headers: dict | None = None, method: str = "POST",

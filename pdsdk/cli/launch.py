@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
     p.add_argument("--local-prefill-threshold", type=int, default=0,
                    help="prompts with fewer uncached tokens go to a decode worker alone (default 0: never)")
+    p.add_argument("--router-processes", type=int, default=None, metavar="N",
+                   help="the router's serving processes (its --processes; default: the machine's cores up to 8; "
+                        "--emit k8s: the router pod's CPU request, default 2)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model folder)")
     p.add_argument("--log-dir", default=None, help="per-process logs (default ./pdsdk-logs/<time>)")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for health (default 900)")
@@ -62,6 +65,7 @@ def options_from_args(args):
                          prefill=args.prefill, decode=args.decode, tp=args.tp,
                          gpus=[int(g) for g in args.gpus.split(",")] if args.gpus else None, policy=args.policy,
                          host=args.host, port=args.port, local_prefill_threshold=args.local_prefill_threshold,
+                         router_processes=args.router_processes,
                          served_name=args.served_model_name, engine_args=list(extra))
 
 

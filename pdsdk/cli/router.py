@@ -26,6 +26,9 @@ def register(sub) -> None:
     a("--listen-fd", type=int, default=None, metavar="FD",
       help="serve on this inherited listening socket instead of binding --host/--port (pdsdk launch passes "
            "its own: connections wait in its backlog while a router restarts)")
+    a("--processes", type=int, default=None, metavar="N",
+      help="serving processes on the one port, each with the whole request path (default: env "
+           "PDSDK_ROUTER_PROCESSES, else the machine's cores up to 8; 1: a single process)")
     a("--engine", choices=("vllm", "sglang"), default="vllm", help="PD protocol the workers speak (default vllm)")
     a("--worker", action="append", default=[], metavar="URL", help="plain-mode worker URL (repeatable)")
     a("--prefill", action="append", nargs="+", default=[], metavar="URL [BOOTSTRAP_PORT]",
@@ -112,11 +115,24 @@ def _policy_options(items: list[str]) -> dict[str, dict]:
     return out
 
 
+def default_processes() -> int:
+    """PDSDK_ROUTER_PROCESSES, else the cores this process may use, at most 8."""
+    env = os.environ.get("PDSDK_ROUTER_PROCESSES")
+    if env is not None:
+        try:
+            return int(env)
+        except ValueError:
+            raise ConfigError("PDSDK_ROUTER_PROCESSES", f"{env[:40]!r} is not a whole number") from None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(8, cores)
+
+
 def config_from_args(args):
     from pdsdk.router.config import RouterConfig
 
     return RouterConfig(
-        host=args.host, port=args.port, listen_fd=args.listen_fd, engine=args.engine, workers=args.worker,
+        host=args.host, port=args.port, listen_fd=args.listen_fd, engine=args.engine,
+        processes=args.processes if args.processes is not None else default_processes(), workers=args.worker,
         prefill=[" ".join(p) for p in args.prefill], decode=args.decode, policy=args.policy,
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
         policy_options=_policy_options(args.policy_option), kv_events=_pairs(args.kv_events, "kv-events"),
@@ -135,7 +151,10 @@ def run(args) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     try:
-        from pdsdk.router.server import run as serve
+        if cfg.processes > 1:
+            from pdsdk.router.processes.parent import run as serve
+        else:
+            from pdsdk.router.server import run as serve
     except ImportError as e:
         raise MissingDependency("pdsdk router", "etcd", e) from e  # the extra that installs aiohttp
     serve(cfg)

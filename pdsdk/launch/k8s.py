@@ -25,6 +25,7 @@ WORKER_PORT = 8000
 ROUTER_PORT = 8000
 LABEL = "app.kubernetes.io/part-of"
 PROBE_PERIOD_S = 10
+ROUTER_CPUS = 2  # the router pod's CPU request when --router-processes is not given
 
 
 def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: str,
@@ -55,8 +56,10 @@ def manifests(plan: LaunchPlan, opts: LaunchOptions, image: str, router_image: s
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("worker", "--worker")):
         if role in roles:
             router_args += [flag, f"http://{name}-{role}:{WORKER_PORT}"]
-    out.append(_deployment(f"{name}-router", "router", 1, router_image, router_args, ROUTER_PORT, gpus=0, config=False,
-                           probes=_probes("/live", "/health", ROUTER_PORT, restart)))
+    router = _deployment(f"{name}-router", "router", 1, router_image, router_args, ROUTER_PORT, gpus=0, config=False,
+                         probes=_probes("/live", "/health", ROUTER_PORT, restart))
+    _router_cpus(router, opts.router_processes or ROUTER_CPUS)
+    out.append(router)
     out.append(_service(f"{name}-router", "router", ROUTER_PORT))
     return out
 
@@ -111,6 +114,14 @@ def _deployment(name: str, role: str, replicas: int, image: str, args: list[str]
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
             "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def _router_cpus(deployment: dict[str, Any], cpus: int) -> None:
+    """Request `cpus` for the router pod; its processes (PDSDK_ROUTER_PROCESSES) follow the request."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"requests": {"cpu": str(cpus)}}
+    container["env"].append({"name": "PDSDK_ROUTER_PROCESSES", "valueFrom": {"resourceFieldRef": {
+        "containerName": container["name"], "resource": "requests.cpu", "divisor": "1"}}})
 
 
 def _service(name: str, role: str, port: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from pdsdk.config import load_config
 from pdsdk.errors import ConfigError, MissingDependency
 from pdsdk.ports import free_port
+from pdsdk.router.config import MAX_PROCESSES
 
 ENGINES = ("vllm", "sglang")
 # What `pdsdk launch` says when an engine is missing: its pdsdk extra, and what it needs to serve.
@@ -90,6 +91,7 @@ class LaunchOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     local_prefill_threshold: int = 0
+    router_processes: int | None = None  # the router's --processes (None: its default)
     served_name: str | None = None
     engine_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -101,6 +103,8 @@ def build_plan(opts: LaunchOptions) -> LaunchPlan:
         raise ConfigError("--engine", f"unknown engine {opts.engine!r}; valid: {', '.join(ENGINES)}")
     if opts.decode < 1 or opts.prefill < 0 or opts.tp < 1:
         raise ConfigError("--prefill/--decode/--tp", "need --decode >= 1, --prefill >= 0 and --tp >= 1")
+    if opts.router_processes is not None and not 1 <= opts.router_processes <= MAX_PROCESSES:
+        raise ConfigError("--router-processes", f"must be 1 to {MAX_PROCESSES}, not {opts.router_processes}")
     config = {"transport": opts.transport if opts.prefill else None, "failure_policy": "recompute"}
     if opts.store:
         config["store"] = opts.store
@@ -247,4 +251,6 @@ def _router_command(opts: LaunchOptions, workers: list[ProcessSpec]) -> list[str
             cmd += ["--kv-events", f"{w.url}={w.kv_events[0]}", "--kv-replay", f"{w.url}={w.kv_events[1]}"]
     if opts.local_prefill_threshold:
         cmd += ["--disagg-threshold", str(opts.local_prefill_threshold)]
+    if opts.router_processes is not None:
+        cmd += ["--processes", str(opts.router_processes)]
     return cmd

@@ -1,4 +1,4 @@
-"""The router policy contract (pdsdk.router.policy), run against every registered policy.
+"""The router policy contract (pdsdk.router.policies), run against every registered policy.
 
 A policy ranks the candidates the router gives it: it must pick one of them, say why, survive
 workers coming and going, spread distinct requests over idle workers, and be quick."""
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdsdk.plugins import registry
-from pdsdk.router.policy import Choice, NoWorker, Policy, RouteRequest
+from pdsdk.router.policies import Choice, NoWorker, Policy, RouteRequest
 
 
 @dataclass(eq=False)

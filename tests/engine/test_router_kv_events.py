@@ -17,8 +17,8 @@ from engine.servers import VllmServer, start_all
 from pdsdk.launch.plan import KV_EVENTS_CONFIG
 from pdsdk.ports import free_port
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
+from pdsdk.testing.router_harness import Decisions
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 BS = 32  # the engines' block size (VllmServer's default)

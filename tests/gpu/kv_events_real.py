@@ -21,8 +21,8 @@ from pathlib import Path
 
 import aiohttp
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.harness import Decisions
 from pdsdk.router.server import start
+from pdsdk.testing.router_harness import Decisions
 
 from pdsdk.launch.plan import LaunchOptions, build_plan
 from pdsdk.launch.supervisor import Supervisor

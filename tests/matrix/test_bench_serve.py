@@ -11,11 +11,11 @@ import time
 import pytest
 from helpers import eventually, run_cli
 
-from pdsdk.ports import free_port
 from pdsdk.matrix.loadgen import LoadOptions, run_load, summarize
 from pdsdk.matrix.workload import AgentSpec, Workload, random_requests
-from pdsdk.router.fakeworker import FakeWorker
-from pdsdk.router.harness import Harness
+from pdsdk.ports import free_port
+from pdsdk.testing.fake_worker import FakeWorker
+from pdsdk.testing.router_harness import Harness
 
 
 async def _load(workload: Workload, **opts):
@@ -136,7 +136,7 @@ def test_retries_send_again_what_no_server_took():
 @pytest.fixture
 def worker_process():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "pdsdk.router.fakeworker", "--port", str(port), "--chunks", "6"],
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "pdsdk.testing.fake_worker", "--port", str(port), "--chunks", "6"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import urllib.request
 

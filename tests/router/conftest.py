@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvevents import endpoints
-from pdsdk.router import fake_events as fe
+from pdsdk.testing import fake_kv_events as fe
 
 
 @pytest.fixture

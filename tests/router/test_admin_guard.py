@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from rawhttp import aexchange, request
 
-from pdsdk.router.harness import Harness
+from pdsdk.testing.router_harness import Harness
 
 
 def run(coro):

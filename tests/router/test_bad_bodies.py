@@ -11,7 +11,7 @@ import logging
 import pytest
 from rawhttp import aexchange, request
 
-from pdsdk.router.harness import Harness
+from pdsdk.testing.router_harness import Harness
 
 PROMPT = b'{"model": "fake-model", "max_tokens": 2, '
 CASES = [  # (body, headers, what the error must name)

@@ -14,10 +14,10 @@ import pytest
 from helpers import pdsdk_cli
 
 from pdsdk.cli import build_parser
-from pdsdk.router.etcd import Registration
-from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.ports import free_port
-from pdsdk.router.harness import Harness, eventually
+from pdsdk.router.etcd import Registration
+from pdsdk.testing.fake_worker import FakeWorker
+from pdsdk.testing.router_harness import Harness, eventually
 
 
 def test_every_router_option_has_help():

@@ -9,7 +9,7 @@ import socket
 
 from rawhttp import aexchange, request
 
-from pdsdk.router.harness import Harness, eventually
+from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
 

@@ -11,7 +11,7 @@ import time
 from rawhttp import aexchange, request
 
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.harness import Harness
+from pdsdk.testing.router_harness import Harness
 
 
 def run(coro):

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from pdsdk.ports import free_port
-from pdsdk.router.harness import Harness, eventually
 from pdsdk.router.workers import Worker
+from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 50}
 
@@ -37,7 +37,7 @@ async def _wait_http(url: str, timeout: float = 15.0) -> None:
 def test_worker_killed_mid_stream_then_traffic_moves_on():
     async def main():
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "pdsdk.testing.fake_worker", "--port", str(port),
                                  "--chunks", "50", "--token-delay", "0.05"], cwd="/")  # not the tree: the install
         try:
             await _wait_http(f"http://127.0.0.1:{port}")

@@ -9,8 +9,8 @@ import aiohttp
 
 from pdsdk.ports import free_port
 from pdsdk.router import health
-from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.router.workers import Worker
+from pdsdk.testing.fake_worker import FakeWorker
 
 
 async def _checks(w: Worker, n: int, timeout: float = 0.2, threshold: int = 3) -> list[bool]:

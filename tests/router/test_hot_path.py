@@ -9,10 +9,10 @@ import json
 
 import aiohttp
 import pytest
-from pdsdk.router import h1, upstream
-from pdsdk.router.h1 import H1Error, H1Pool
-from pdsdk.router.harness import Harness, eventually
+from pdsdk.router.http import upstream, worker_client as h1
+from pdsdk.router.http.worker_client import H1Error, H1Pool
 from pdsdk.router.loadgen import LeanWorker, run_load
+from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 6}
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pdsdk.router.harness import Harness, eventually
+from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 3}
 

@@ -1,4 +1,4 @@
-"""Block keys and one source's blocks, compiled (router/_kvindex.c) and in Python (kvindex_py.py):
+"""Block keys and one source's blocks, compiled (kvindex/_kvindex.c) and in Python (kvindex/pure_python.py):
 the same answers, every msgpack integer width, every kind of engine hash, copies, churn."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 from kvevents import BS, feed, blocks
-from pdsdk.router import fake_events as fe
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvwire import WireError, decode_batch
+from pdsdk.router.kvindex.wire import WireError, decode_batch
+from pdsdk.testing import fake_kv_events as fe
 
 # every msgpack integer width, both signs, and token ids as they come
 EDGE_IDS = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, -1, -32, -33, -128, -129,

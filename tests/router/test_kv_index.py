@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from kvevents import BS, feed, blocks
-from pdsdk.router import fake_events as fe
 from pdsdk.router.kvindex import KVIndex
+from pdsdk.testing import fake_kv_events as fe
 
 
 def test_index_store_lookup_remove_clear():

@@ -8,10 +8,10 @@ import time
 
 import pytest
 from kvevents import BS, publish, wait
-from pdsdk.router import fake_events as fe
-from pdsdk.router.harness import Decisions, Harness
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvsub import EventStream
+from pdsdk.router.kvindex.stream import EventStream
+from pdsdk.testing import fake_kv_events as fe
+from pdsdk.testing.router_harness import Decisions, Harness
 
 
 def test_stream_replays_history_on_start_and_fills_gaps(stream_env):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 from kvevents import BS, FORMATS, blocks
-from pdsdk.router import fake_events as fe
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvwire import STORED, Cleared, Removed, Stored, WireError, as_ints, decode_batch, parse_seq
+from pdsdk.router.kvindex.wire import STORED, Cleared, Removed, Stored, WireError, as_ints, decode_batch, parse_seq
+from pdsdk.testing import fake_kv_events as fe
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -51,7 +51,7 @@ def test_wire_odd_inputs():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_typed_decoding_matches_the_generic_decoder(fmt):
-    from pdsdk.router.kvwire import _decode_generic
+    from pdsdk.router.kvindex.wire import _decode_generic
 
     toks = list(range(8))
     h = blocks(toks)

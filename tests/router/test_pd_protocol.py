@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pdsdk.router import pd
-from pdsdk.router.harness import Harness
+from pdsdk.router import pd_bodies as pd
+from pdsdk.testing.router_harness import Harness
 
 BODY = {"model": "fake-model", "prompt": "hello world", "max_tokens": 3}
 

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from pdsdk.ports import free_port
-from pdsdk.router.policy import RouteRequest
-from pdsdk.router.policy_prefix import Prefix
-from pdsdk.router.radix import PrefixTree
+from pdsdk.router.policies.base import RouteRequest
+from pdsdk.router.policies.prefix import Prefix
+from pdsdk.router.policies.prefix_tree import PrefixTree
 from pdsdk.router.workers import Worker
 
 
@@ -69,7 +69,7 @@ def _rss_mib(pid: int) -> float:
 def test_router_memory_with_2800_unique_30kb_prompts():
     """The reproduction: 2,800 unique 30 KB prompts took a `prefix` router from 59 to 481 MiB."""
     wport, rport = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(wport),
+    procs = [subprocess.Popen([sys.executable, "-m", "pdsdk.testing.fake_worker", "--port", str(wport),
                                "--chunks", "1"], cwd="/"),
              subprocess.Popen([sys.executable, "-m", "pdsdk", "router", "--port", str(rport), "--policy", "prefix",
                                "--worker", f"http://127.0.0.1:{wport}"], cwd="/")]

@@ -7,13 +7,14 @@ import time
 import pytest
 
 from pdsdk.errors import ConfigError
-from pdsdk.router.hints import parse_hints
-from pdsdk.router.policy import RouteRequest
-from pdsdk.router.policy_prefix import Prefix
-from pdsdk.router.policy_session import Session
-from pdsdk.router.radix import PrefixTree, chunk_keys
-from pdsdk.router.requests import BadRequest, route_request
-from pdsdk.router.workers import CircuitBreaker, Worker, parse_worker_arg
+from pdsdk.router.breaker import CircuitBreaker
+from pdsdk.router.http.client_request import BadRequest, route_request
+from pdsdk.router.http.hints import parse_hints
+from pdsdk.router.policies.base import RouteRequest
+from pdsdk.router.policies.prefix import Prefix
+from pdsdk.router.policies.prefix_tree import PrefixTree, chunk_keys
+from pdsdk.router.policies.session import Session
+from pdsdk.router.workers import Worker, parse_worker_arg
 
 
 def ws(n):

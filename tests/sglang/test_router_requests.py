@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdsdk.router.orchestrator import tokenize_request
-from pdsdk.router.pd import new_room, sglang_pd_body
+from pdsdk.router.pd_bodies import new_room, sglang_pd_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
 COMPLETION = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4}

@@ -20,6 +20,14 @@ def test_plan_assigns_roles_ports_and_cores():
     kv = json.loads(plan.workers[0].cmd[plan.workers[0].cmd.index("--kv-transfer-config") + 1])
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["transport"] == "nixl"
     assert plan.router.cmd.count("--decode") == 2 and plan.router.cmd.count("--prefill") == 1
+    assert "--processes" not in plan.router.cmd  # the router's own default
+
+
+def test_router_processes_pass_through_to_the_router():
+    plan = build_plan(LaunchOptions(engine="vllm", model="/m/tiny", router_processes=3))
+    assert plan.router.cmd[plan.router.cmd.index("--processes") + 1] == "3"
+    with pytest.raises(ConfigError, match="--router-processes"):
+        build_plan(LaunchOptions(engine="vllm", model="/m/tiny", router_processes=0))
 
 
 def test_on_cpu_prefill_and_decode_workers_get_cores_of_their_own(monkeypatch):
@@ -134,7 +142,8 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     store = json.dumps({"tiered": ["memory", "disk"]})
     out = run_cli("launch", "--engine", "vllm", "--model", "/models/qwen", "--transport", "nixl", "--store", store,
                   "--prefill", "2", "--decode", "3", "--tp", "2", "--gpus", "0,1,2,3,4,5,6,7,8,9",
-                  "--unhealthy-timeout", "30", "--start-timeout", "600", "--emit", "k8s", str(tmp_path))
+                  "--unhealthy-timeout", "30", "--start-timeout", "600", "--router-processes", "4",
+                  "--emit", "k8s", str(tmp_path))
     assert out.returncode == 0, out.stderr
     objects = {p.name: yaml.safe_load(p.read_text()) for p in tmp_path.glob("*.yaml")}
     for obj in objects.values():
@@ -160,6 +169,11 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["store"] == config["store"]
     router = objects["pdsdk-router-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "http://pdsdk-prefill:8000" in router and "http://pdsdk-decode:8000" in router
+    # the router's processes follow its pod's CPU request
+    router = router_pod["containers"][0]
+    assert router["resources"]["requests"]["cpu"] == "4"
+    env = {e["name"]: e.get("valueFrom") for e in router["env"]}
+    assert env["PDSDK_ROUTER_PROCESSES"]["resourceFieldRef"]["resource"] == "requests.cpu"
 
 
 def test_emit_k8s_refuses_kv_events_and_restart_never_naming_the_option(tmp_path):

@@ -32,7 +32,7 @@ def test_the_kv_index_is_compiled():
         pytest.skip("set by make test: the suite runs against a non-editable install")
     from pdsdk.router import kvindex
 
-    assert kvindex._compiled is not None, "router/_kvindex.c did not build: see pip install's output"
+    assert kvindex._compiled is not None, "router/kvindex/_kvindex.c did not build: see pip install's output"
 
 
 def test_every_folder_with_init_is_packaged():
@@ -55,8 +55,8 @@ class Block:
             raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by test)")
 sys.meta_path.insert(0, Block())
 import pdsdk, pdsdk.connectors, pdsdk.router, pdsdk.adapters, pdsdk.compat, pdsdk.matrix
-from pdsdk.plugins import registry
 from pdsdk.config import load_config
+from pdsdk.plugins import registry
 specs = list(registry())
 load_config({{"transport": None}})
 for s in specs:

@@ -30,7 +30,7 @@ BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
 
 def fake(name: str, role: str) -> ProcessSpec:
     port = free_port()
-    cmd = [sys.executable, "-m", "pdsdk.router.fakeworker", "--port", str(port), "--role", role]
+    cmd = [sys.executable, "-m", "pdsdk.testing.fake_worker", "--port", str(port), "--role", role]
     return ProcessSpec(name, role, cmd, port=port)
 
 

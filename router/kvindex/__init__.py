@@ -13,9 +13,9 @@ matches those blocks: the router does not know a request's salt or images when i
 
 A "source" is one event stream (one engine, one DP rank). Per source the index keeps its
 `Blocks`: {engine hash: content key} and how many blocks hold each content key. The compiled
-Blocks (router/_kvindex.c) keys an event's blocks straight from its msgpack token ids into
+Blocks (router/kvindex/_kvindex.c) keys an event's blocks straight from its msgpack token ids into
 tables of 64-bit words: no Python object per token or per block. Without a C compiler at install
-time, kvindex_py.py does the same with dicts and tuple hashes, at a fraction of the speed. Keys
+time, pure_python.py does the same with dicts and tuple hashes, at a fraction of the speed. Keys
 never leave the process, so the two kinds never meet. Blocks whose parent the index never saw
 (events lost before a resync) cannot be keyed and are counted as orphans: the index may miss
 blocks, but it never claims a block an engine does not have.
@@ -26,11 +26,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from pdsdk.router import kvindex_py
-from pdsdk.router.kvwire import CLEARED, REMOVED, STORED, WireError, as_ints
+from pdsdk.router.kvindex import pure_python
+from pdsdk.router.kvindex.wire import CLEARED, REMOVED, STORED, WireError, as_ints
 
 try:
-    from pdsdk.router import _kvindex as _compiled
+    from pdsdk.router.kvindex import _kvindex as _compiled
 except ImportError:  # installed without a C compiler
     _compiled = None
 
@@ -42,9 +42,9 @@ def _root(lora_id) -> int:
 
 
 def implementation():
-    """The compiled index (router/_kvindex.c), or its Python twin (kvindex_py.py) when pdsdk was
+    """The compiled index (router/kvindex/_kvindex.c), or its Python twin (pure_python.py) when pdsdk was
     installed without a C compiler: modules with the same `chain` and `Blocks`."""
-    return _compiled if _compiled is not None else kvindex_py
+    return _compiled if _compiled is not None else pure_python
 
 
 def chain(key: int, tokens, block_size: int, n: int, impl=None) -> list[int] | None:
@@ -90,7 +90,7 @@ class KVIndex:
         self.mediums = frozenset(mediums)
         self._impl = implementation()
         self._lock = threading.Lock()
-        self._blocks: dict[str, kvindex_py.Blocks] = {}  # source -> its blocks (or the compiled kind)
+        self._blocks: dict[str, pure_python.Blocks] = {}  # source -> its blocks (or the compiled kind)
         self.block_size: dict[str, int] = {}
         self.counts = dict.fromkeys(("stored", "removed", "cleared", "orphans", "ignored"), 0)
 

@@ -9,8 +9,8 @@ import aiohttp
 
 from pdsdk import hookimpl, plugins
 from pdsdk.router.config import RouterConfig
-from pdsdk.router.fakeworker import FakeWorker
 from pdsdk.router.server import Router, start
+from pdsdk.testing.fake_worker import FakeWorker
 
 
 class Harness:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from pdsdk.errors import ConfigError
-from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, require
-from pdsdk.router.radix import PrefixTree, chunk_keys
+from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, require
+from pdsdk.router.policies.prefix_tree import PrefixTree, chunk_keys
 
 
 class Prefix(Policy):

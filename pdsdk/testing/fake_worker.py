@@ -6,7 +6,7 @@ streamed); it answers with kv_transfer_params naming itself, like NixlConnector.
 do_remote_prefill is a decode; it checks the params came from a prefill of the same X-Request-Id.
 SGLang (role prefill/decode): needs bootstrap_host/port/room; decode waits until the prefill
 with the same room has arrived (standing in for the KV transfer), and fails after a timeout.
-Run alone: python -m pdsdk.router.fakeworker --port P [--engine vllm] [--role plain] [--chunks N].
+Run alone: python -m pdsdk.testing.fake_worker --port P [--engine vllm] [--role plain] [--chunks N].
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class FakeWorker:
         self.engine, self.role, self.model, self.chunks = engine, role, model, chunks
         self.token_delay_s, self.bootstrap_port = token_delay_s, bootstrap_port
         self.engine_id = uuid.uuid4().hex
-        self.requests: list[dict[str, Any]] = []  # {"path", "body", "headers"}
+        self.requests: list[dict[str, Any]] = []  # {"path", "body", "raw", "headers", "peer": (host, port)}
         self.cancelled: list[str] = []  # request ids whose client (the router) went away
         self.completed: list[str] = []
         self.hang = False  # accept and never answer
@@ -89,7 +89,8 @@ class FakeWorker:
         body = json.loads(raw)
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
         self.requests.append({"path": request.path, "body": body, "raw": raw,
-                              "headers": {k.lower(): v for k, v in request.headers.items()}})
+                              "headers": {k.lower(): v for k, v in request.headers.items()},
+                              "peer": request.transport.get_extra_info("peername")})
         try:
             return await self._generate(request, body, rid)
         except asyncio.CancelledError:

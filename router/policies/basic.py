@@ -6,7 +6,7 @@ import itertools
 import random
 from typing import Sequence
 
-from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, require
+from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, require
 
 
 class RoundRobin(Policy):

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import msgspec
 
-from pdsdk.router.hints import HintError, parse_hints
-from pdsdk.router.policy import RouteRequest
+from pdsdk.router.http.hints import HintError, parse_hints
+from pdsdk.router.policies.base import RouteRequest
 
 
 class BadRequest(ValueError):

@@ -1,4 +1,4 @@
-"""KV cache event wire formats of vLLM and SGLang (their distributed/ and disaggregation/ kv_events.py).
+"""KV cache event wire formats of vLLM and SGLang.
 
 ZMQ PUB multipart: [topic, seq, payload]. seq is 8 bytes big-endian, or 24 bytes (seq + 16-byte
 publisher id) on vLLM newer than 0.33 with a snapshot endpoint. payload is a msgpack array

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvwire import END_SEQ, WireError, decode_batch, parse_seq
+from pdsdk.router.kvindex.wire import END_SEQ, WireError, decode_batch, parse_seq
 
 log = logging.getLogger(__name__)
 RECENT = 4096  # applied batches remembered, to tell replay duplicates from a restarted engine

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from typing import Sequence
 
-from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, least_loaded, require
+from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, least_loaded, require
 
 
 def _score(session: str, url: str) -> int:

@@ -1,4 +1,4 @@
-"""What router/_kvindex.c offers, in Python: the KV index's block keys and one source's blocks,
+"""What _kvindex.c offers, in Python: the KV index's block keys and one source's blocks,
 for pdsdk installed without a C compiler (a fraction of the speed). The C file documents both;
 the keys differ from the compiled ones (tuple hashes), which is fine: keys never leave the
 process, and one process uses one implementation."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from itertools import islice, takewhile
 
-from pdsdk.router.kvwire import as_ints
+from pdsdk.router.kvindex.wire import as_ints
 
 
 def chain(key: int, tokens, block_size: int, n: int) -> list[int] | None:

@@ -1,4 +1,4 @@
-/* The router's KV index (router/kvindex.py), its hot part compiled.
+/* The router's KV index (router/kvindex/__init__.py), its hot part compiled.
 
    chain(key, tokens, block_size, n) -> list of n ints, or None when `tokens` holds fewer than
    block_size * n token ids. `tokens` is a list of ints (a prompt) or a buffer holding one msgpack
@@ -471,7 +471,7 @@ static PySequenceMethods Blocks_seq = {.sq_length = (lenfunc)Blocks_len};
 
 static PyTypeObject BlocksType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pdsdk.router._kvindex.Blocks",
+    .tp_name = "pdsdk.router.kvindex._kvindex.Blocks",
     .tp_doc = "One source's blocks: {engine hash: content key} and the content keys held.",
     .tp_basicsize = sizeof(Blocks),
     .tp_flags = Py_TPFLAGS_DEFAULT,

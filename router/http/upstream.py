@@ -17,8 +17,8 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from pdsdk.router import rmetrics
-from pdsdk.router.h1 import H1Pool, Response
+from pdsdk.router import metrics
+from pdsdk.router.http.worker_client import H1Pool, Response
 from pdsdk.router.workers import Worker
 
 try:
@@ -106,7 +106,7 @@ def sse_error(message: str, code: int, cut: str) -> bytes:
     """How a stream that broke after its start ends, counted by `cut` (why): an error event in
     the OpenAI streaming shape (OpenAI's client raises it as an APIError), then `data: [DONE]`
     (as vLLM ends its own failed streams) for clients that read until it."""
-    rmetrics.STREAM_CUT.labels(cut).inc()
+    metrics.STREAM_CUT.labels(cut).inc()
     return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error",
                                              "code": code}}).encode() + b"\n\ndata: [DONE]\n\n"
 

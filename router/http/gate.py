@@ -14,17 +14,16 @@ each client connection goes through a `Gate` (installed by `GateSite`):
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
 import json
 import logging
 import resource
 import socket
+from typing import Any
 
 from aiohttp import HttpVersion11, web
 
-from pdsdk.router.clientlog import ThrottledLog, error_message
+from pdsdk.router.http.client_log import ThrottledLog, error_message
 
 log = logging.getLogger("pdsdk.router")
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -231,9 +230,10 @@ class GateSite(web.BaseSite):
     handed down by a launcher (`sock`)."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: Gate, backlog: int = 2048,
-                 sock: Any = None):
+                 sock: Any = None, reuse_port: bool = False):
         super().__init__(runner, backlog=backlog)
         self.host, self.port, self.gate, self.sock = host, port, gate, sock
+        self.reuse_port = reuse_port  # several processes listen on host:port, the kernel spreads connections
 
     @property
     def name(self) -> str:
@@ -242,7 +242,8 @@ class GateSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         factory = self._runner.server
-        where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
+        where = {"sock": self.sock} if self.sock is not None else \
+            {"host": self.host, "port": self.port, "reuse_port": self.reuse_port}
         self._server = await asyncio.get_running_loop().create_server(
             lambda: Conn(self.gate, factory()), backlog=self._backlog, **where)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from pdsdk.router.kvindex import KVIndex
-from pdsdk.router.kvsub import EventStream
-from pdsdk.router.policy import Choice, Policy, RouteRequest, WorkerView, require
-from pdsdk.router.policy_prefix import Prefix
+from pdsdk.router.kvindex.stream import EventStream
+from pdsdk.router.policies.base import Choice, Policy, RouteRequest, WorkerView, require
+from pdsdk.router.policies.prefix import Prefix
 
 
 class KVEvents(Policy):
