@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import HttpVersion11, web
 
+from pdsdk.router.http.accept import Acceptor, listen
 from pdsdk.router.http.client_log import ThrottledLog, error_message
 
 log = logging.getLogger("pdsdk.router")
@@ -242,9 +243,8 @@ class GateSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         factory = self._runner.server
-        where = {"sock": self.sock} if self.sock is not None else \
-            {"host": self.host, "port": self.port, "reuse_port": self.reuse_port}
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: Conn(self.gate, factory()), backlog=self._backlog, **where)
+        sockets = [self.sock] if self.sock is not None else listen(self.host, self.port, self._backlog,
+                                                                   self.reuse_port)
+        self._server = Acceptor(sockets, lambda: Conn(self.gate, factory()))
 
 
