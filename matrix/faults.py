@@ -193,7 +193,7 @@ class Chaos:
 
 
 def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
-    from pdsdk.connectors.stores.servers import start_redis
+    from pdsdk.testing.servers import start_redis
     from pdsdk.matrix.runner import launch
 
     opts = runner.opts

@@ -11,7 +11,7 @@ import pytest
 
 from pdsdk import ConfigError, KVLayout, Region, Span
 from pdsdk.connectors.transports.base import STATUS_DONE, STATUS_PENDING, Transport
-from pdsdk.connectors.transports.staging import prefer_staged
+from pdsdk.connectors.transports.common.staging import prefer_staged
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=64, page_size=32)
 

@@ -20,7 +20,7 @@ truncated record is a miss plus a log line and is dropped, never wrong bytes.
 Delete and eviction set the record's state byte to dead in place (it is outside the header
 checksum, and no flip of a few bits makes a dead byte live), so a reopened store does not bring
 them back; a segment left with no live record is unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
-evicts pages in retention.py's order (expired, keep=False, low priority, LRU; never pinned ones),
+evicts pages in common/eviction.py's order (expired, keep=False, low priority, LRU; never pinned ones),
 then reclaims dead space: empty segments go at once, others are compacted, those with the largest
 dead share first (live records read, the segment unlinked, the records appended again; a crash in
 between loses those pages, which a cache may). A full filesystem is handled the same way, with the
@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
-from pdsdk.connectors.stores.disk_io import Shared, as_buffer, fitting, pwrite_all
-from pdsdk.connectors.stores.disk_record import HEADER_SIZE, KEEP, PIN, checksum, header
-from pdsdk.connectors.stores.disk_segment import (
+from pdsdk.connectors.stores.disk.io import Shared, as_buffer, fitting, pwrite_all
+from pdsdk.connectors.stores.disk.record import HEADER_SIZE, KEEP, PIN, checksum, header
+from pdsdk.connectors.stores.disk.segment import (
     SUFFIX,
     Damaged,
     Rec,
@@ -53,7 +53,7 @@ from pdsdk.connectors.stores.disk_segment import (
     open_segments,
     read_record,
 )
-from pdsdk.connectors.stores.retention import Retention
+from pdsdk.connectors.stores.common.eviction import EvictionOrder
 
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
@@ -77,7 +77,7 @@ class DiskStore(Store):
         # inside _wlock where both are held, and alone by get/contains/delete.
         self._wlock = threading.Lock()
         self._lock = threading.RLock()
-        self._retention = Retention()
+        self._eviction = EvictionOrder()
         self._index: dict[bytes, Rec] = {}
         self._segments: dict[int, Segment] = {}
         self._active: Segment | None = None  # the segment puts append to
@@ -100,14 +100,14 @@ class DiskStore(Store):
             self._disk += seg.size
         self._next_id = segments[-1].id + 1 if segments else 0
         for _ in range(errors):
-            self._record_error()
+            self.record_error()
         offset = time.monotonic() - time.time()
         for key, seg, off, size, flags, priority, expires in found:
             if key in self._index:  # an older copy whose dead mark a crash lost
                 mark_dead(self._unindex(key), self.name)
             self._index_add(key, Rec(seg, off, size))
             hints = Hints(priority=priority, pin=bool(flags & PIN), keep=bool(flags & KEEP))
-            self._retention.add(key, size, hints, expires=expires + offset if expires else None)
+            self._eviction.add(key, size, hints, expires=expires + offset if expires else None)
         for seg in list(self._segments.values()):
             if not seg.recs:
                 self._retire(seg)
@@ -130,7 +130,7 @@ class DiskStore(Store):
 
     def _forget(self, key: bytes) -> Rec | None:
         """Drop a page from the index, and its segment once empty: its record, if it was there."""
-        self._retention.remove(key)
+        self._eviction.remove(key)
         rec = self._unindex(key)
         if rec is not None and not rec.seg.recs and rec.seg is not self._active:
             self._retire(rec.seg)
@@ -212,8 +212,8 @@ class DiskStore(Store):
         over = self._disk + extra - limit
         if over <= 0 or extra > limit:  # fits already, or never will
             return over <= 0, [], demote
-        dead = self._disk - self._retention.used
-        victims = self._retention.victims(max(over - dead, 0), protect)
+        dead = self._disk - self._eviction.used
+        victims = self._eviction.victims(max(over - dead, 0), protect)
         for v in victims:
             rec = self._index.get(v.key)
             if rec is not None and self._demote is not None and v.hints is not None:
@@ -242,8 +242,8 @@ class DiskStore(Store):
             if len(data) == rec.size:
                 moving.append((key, data))  # checked when read, like any record
             else:
-                self._retention.remove(key)
-                self._record_error()
+                self._eviction.remove(key)
+                self.record_error()
                 log.warning("%s: cannot read a record to move from %s (%s); the page is lost", self.name,
                             seg.path, data if isinstance(data, str) else "truncated")
         self._retire(seg)
@@ -253,17 +253,17 @@ class DiskStore(Store):
             try:
                 into, off = self._append([d for _, d in part], sum(sizes))
             except OSError as e:
-                self._record_error()
+                self.record_error()
                 log.warning("%s: compaction lost %d pages: %s", self.name, len(part), e)
                 for key, _ in part:
-                    self._retention.remove(key)
+                    self._eviction.remove(key)
                 continue
             for (key, _), size in zip(part, sizes):
                 self._index_add(key, Rec(into, off, size))
                 off += size
 
     def _after_evict(self, victims: list, demote: list) -> None:
-        self._report_evictions(victims)
+        self.record_evictions(victims)
         if self._demote is not None:
             for key, page, hints in demote:
                 self._demote(key, memoryview(page), hints)
@@ -282,7 +282,7 @@ class DiskStore(Store):
         with self._lock:
             for i, key in enumerate(keys):
                 # content-addressed: a stored key holds the same bytes
-                if key not in seen and (key not in self._index or self._retention.expired(key)):
+                if key not in seen and (key not in self._index or self._eviction.expired(key)):
                     todo.append(i)
                 seen.add(key)
         sizes = [HEADER_SIZE + len(keys[i]) + views[i].nbytes for i in todo]
@@ -322,13 +322,13 @@ class DiskStore(Store):
                             if key in self._index:  # an expired copy, or a concurrent put's
                                 self._drop([key])
                             self._index_add(key, Rec(seg, off, sizes[j]))
-                            self._retention.add(key, sizes[j], hints)
+                            self._eviction.add(key, sizes[j], hints)
                             off += sizes[j]
                         written = b
         finally:
             crcs.stop()
         stored = todo[written] if written < len(todo) else len(keys)  # the others were there already
-        self._record_put(stored, sum(views[i].nbytes for i in todo[:written]))
+        self.record_put(stored, sum(views[i].nbytes for i in todo[:written]))
         return stored
 
     def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
@@ -358,7 +358,7 @@ class DiskStore(Store):
                     self._after_evict(victims, demote)
                     if victims or freed:
                         continue
-                self._record_error()
+                self.record_error()
                 log.warning("%s: cannot write %d bytes of pages to %s: %s", self.name, nbytes, self.root, e)
                 return None
         return None
@@ -391,7 +391,7 @@ class DiskStore(Store):
         bad = [(keys[i], recs[i]) for i, n in enumerate(got) if n == BAD]
         if bad:
             self._drop_bad(bad)
-        self._record_get(hits, len(keys), sum(got[:hits]))
+        self.record_get(hits, len(keys), sum(got[:hits]))
         return hits
 
     def _alive(self, key: bytes, touch: bool) -> Rec | None:
@@ -399,12 +399,12 @@ class DiskStore(Store):
         rec = self._index.get(key)
         if rec is None:
             return None
-        if self._retention.expired(key):
+        if self._eviction.expired(key):
             self._drop([key])
-            self._record_evict(1, 0, "ttl")
+            self.record_evict(1, 0, "ttl")
             return None
         if touch:
-            self._retention.touch(key)
+            self._eviction.touch(key)
         return rec
 
     def _read(self, key: bytes, rec: Rec, view: memoryview) -> int:
@@ -420,7 +420,7 @@ class DiskStore(Store):
 
     def _bad(self, why: str) -> int:
         log.warning("%s: %s; treated as a miss and dropped", self.name, why)
-        self._record_error()
+        self.record_error()
         return BAD
 
     def _drop_bad(self, bad: list) -> None:
@@ -488,12 +488,12 @@ class DiskStore(Store):
                     os.close(seg.fd)
             self._segments.clear()
             self._index.clear()
-            self._retention = Retention()
+            self._eviction = EvictionOrder()
             self._active = None
             self._disk = 0
 
     def stats(self) -> dict:
         with self._lock:
-            used, pages, disk, segments = self._retention.used, len(self._index), self._disk, len(self._segments)
+            used, pages, disk, segments = self._eviction.used, len(self._index), self._disk, len(self._segments)
         return {**super().stats(), "used_bytes": used, "pages": pages, "disk_bytes": disk, "segments": segments,
                 "capacity_bytes": self.capacity_bytes, "path": str(self.root)}
