@@ -33,7 +33,7 @@ def keys(n, salt):
 
 def where(store, key):
     """(segment path, record offset, record size) of a stored page."""
-    rec = store._index[key]
+    rec = store._index.recs[key]
     return rec.seg.path, rec.off, rec.size
 
 

@@ -1,6 +1,6 @@
 """The disk store's segment files: a segment and its records in memory, opening a directory's
 segments and reading their records back (headers only), reading and verifying one record, marking
-records dead, and removing the pre-segment layout. The store (index, room, put/get) is in store.py."""
+records dead, and removing the pre-segment layout. The index is in index.py, the store in store.py."""
 
 from __future__ import annotations
 
