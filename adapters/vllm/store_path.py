@@ -20,8 +20,8 @@ from typing import Any
 
 from pdsdk.adapters.vllm.metadata import StorePages
 from pdsdk.adapters.vllm.stats import StatsRecorder
-from pdsdk.connectors.stores.factory import open_store
 from pdsdk.connectors.stores.common.keys import KeySpace
+from pdsdk.connectors.stores.factory import open_store
 
 log = logging.getLogger(__name__)
 INDEX_LIMIT = 1 << 20  # hashes the scheduler remembers (LRU)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Loan, Reservation, Store, byte_view, copy_into, log
-from pdsdk.connectors.stores.common.pool import PagePool, can_pin
 from pdsdk.connectors.stores.common.eviction import EvictionOrder
+from pdsdk.connectors.stores.common.pool import PagePool, can_pin
 
 
 class MemoryStore(Store):

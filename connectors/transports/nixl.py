@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.buffers import cuda_index
 from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
 from pdsdk.connectors.transports.common.status import STATUS_DONE, STATUS_PENDING, TransferStatus, failed
-from pdsdk.connectors.transports.common.buffers import cuda_index
 from pdsdk.kv import Region, span_addresses
 
 log = logging.getLogger(__name__)

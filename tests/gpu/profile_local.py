@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from pdsdk.connectors.transports.common.buffers import allocate
-from pdsdk.testing.peer import PeerProcess
 from pdsdk.kv import KVLayout, Span, page_spans
 from pdsdk.plugins import registry
+from pdsdk.testing.peer import PeerProcess
 
 pb, n = 32768, 4608
 N = 2 * n * pb

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
+from pdsdk.connectors.stores.common.eviction import EvictionOrder
 from pdsdk.connectors.stores.disk.index import Index
 from pdsdk.connectors.stores.disk.io import Shared, as_buffer, fitting, write_chunks
 from pdsdk.connectors.stores.disk.record import HEADER_SIZE, KEEP, PIN, checksum, header
@@ -53,7 +54,6 @@ from pdsdk.connectors.stores.disk.segment import (
     open_segments,
     read_record,
 )
-from pdsdk.connectors.stores.common.eviction import EvictionOrder
 
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves

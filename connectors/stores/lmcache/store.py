@@ -33,9 +33,9 @@ from typing import Any
 
 import msgspec
 
-from pdsdk.connectors.stores.lmcache import worker as lmcache_worker
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, copy_into, log
 from pdsdk.connectors.stores.common.backoff import Backoff
+from pdsdk.connectors.stores.lmcache import worker as lmcache_worker
 from pdsdk.errors import ConfigError, MissingDependency
 
 WORKER = Path(lmcache_worker.__file__)

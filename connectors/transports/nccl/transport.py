@@ -42,13 +42,13 @@ import torch
 import torch.distributed as dist
 
 from pdsdk.connectors.transports.base import Transport
-from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
-from pdsdk.connectors.transports.common.status import FAILED, STATUS_DONE, STATUS_PENDING, TransferStatus, failed
-from pdsdk.errors import TransportError
 from pdsdk.connectors.transports.common.buffers import cuda_index
 from pdsdk.connectors.transports.common.control import ControlChannel
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.status import FAILED, STATUS_DONE, STATUS_PENDING, TransferStatus, failed
 from pdsdk.connectors.transports.nccl.buffers import SpanTensors
 from pdsdk.connectors.transports.nccl.pairs import Op, Pair, Serial, chunk_bounds, short_reason
+from pdsdk.errors import TransportError
 from pdsdk.kv import Region, check_spans, split_spans
 
 log = logging.getLogger(__name__)
