@@ -86,7 +86,7 @@ class Transport(ABC):
         "staging": "auto",  # auto: by the cost rule; on: always for scattered spans; off: never
         "staging_bytes": None,  # staging buffer size; default 256 MiB when regions are on GPU, else none
     }
-    # Peers are transports of this same process (`fake`): test drivers run the other side on a thread.
+    # Peers are transports of this same process (`fake`): test drivers keep the other side in this process.
     IN_PROCESS = False
 
     def __init__(self, *, name: str, layout: KVLayout, agent: str | None = None,

@@ -27,6 +27,7 @@ def pdsdk_add_transports(registrar) -> None:
 
 
 class CorruptReads:
+    # name: "corrupt_reads", unused: the inner transport names itself in descriptors
     def __init__(self, *, name: str, inner: str, inner_options: dict | None = None, **kwargs: Any):
         self._inner = open_transport(inner, **kwargs, **(inner_options or {}))
         self._landing: dict[int, np.ndarray] = {}  # read handle -> its local spans
