@@ -193,8 +193,8 @@ class Chaos:
 
 
 def run_chaos(runner, f: FaultOptions, status) -> dict[str, Any]:
-    from pdsdk.connectors.stores.servers import start_redis
     from pdsdk.matrix.runner import launch
+    from pdsdk.testing.servers import start_redis
 
     opts = runner.opts
     cell = Cell(f.engine, f.prefill, f.decode, f.transport, "redis", group="faults")

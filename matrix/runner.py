@@ -115,7 +115,7 @@ def store_spec(store: str, workdir: Path) -> tuple[Any, list[Any]]:
         return "memory", []
     if store == "disk":
         return {"name": "disk", "options": {"path": str(workdir / "pages")}}, []
-    from pdsdk.connectors.stores.servers import start_mooncake_master, start_redis
+    from pdsdk.testing.servers import start_mooncake_master, start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)  # the server's log and data go there, before any worker's log
 

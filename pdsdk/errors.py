@@ -34,3 +34,7 @@ class LayoutMismatch(PdsdkError):
                           ((k, *v) for k, v in differences.items()))
         super().__init__(f"KV layout mismatch between peers ({parts}); "
                          "start prefill and decode with the same model, dtype, page size and compatible TP")
+
+
+class TransportError(PdsdkError):
+    """A transport cannot do what was asked (bad descriptor, closed transport, wrong peer)."""

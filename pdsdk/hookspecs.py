@@ -19,48 +19,79 @@ quick and must not raise (an exception is logged and dropped, never reaches the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Protocol
+
 import pluggy
+
+if TYPE_CHECKING:  # type names only: this module is imported by `import pdsdk`, which stays light
+    from pdsdk import KVLayout, Policy, Store, Transport
+    from pdsdk.plugins import Registrar
 
 PROJECT = "pdsdk"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+# --- what a registered target is called with ------------------------------------------------
+
+class TransportFactory(Protocol):
+    """A transport class, called by `pdsdk.open_transport` (adapters, benches, test drivers)."""
+
+    def __call__(self, *, name: str, layout: KVLayout, host: str, transfer_timeout_s: float,
+                 connect_timeout_s: float, **options: Any) -> Transport:
+        """name: the registered name; layout: this side's KV layout (peers must match it); host: the
+        address peers reach this side at; transfer_timeout_s: a transfer's deadline, post to
+        completion; connect_timeout_s: bounds a handshake; options: the config's, checked against
+        the class's OPTIONS."""
+
+
+class StoreFactory(Protocol):
+    """A store class or function, called by `pdsdk.open_store`."""
+
+    def __call__(self, *, name: str, **options: Any) -> Store:
+        """options: the config's, checked against the factory's keyword parameters (a tiered store
+        also gets `tiers`, its store specs)."""
+
+
+class PolicyFactory(Protocol):
+    """A policy class, called by the router's `build_policy`."""
+
+    def __call__(self, *, name: str, **options: Any) -> Policy: ...
+
+
 # --- registration ---------------------------------------------------------------------------
 
 @hookspec
-def pdsdk_add_transports(registrar):
+def pdsdk_add_transports(registrar: Registrar) -> None:
     """Register L2 KV transports.
 
     Call ``registrar.add(name, "pkg.module:Class", extra="nixl", requires=("nixl",), summary=...)``.
-    The class implements `pdsdk.connectors.transports.base.Transport` and is constructed as
-    ``Class(name=name, layout=layout, **options)`` when a config selects it.
+    The class subclasses `pdsdk.Transport` and is called as a `TransportFactory`.
     """
 
 
 @hookspec
-def pdsdk_add_stores(registrar):
+def pdsdk_add_stores(registrar: Registrar) -> None:
     """Register L3 KV stores.
 
     Call ``registrar.add(name, "pkg.module:Class", extra=..., requires=(...), summary=...)``.
-    The class implements `pdsdk.connectors.stores.base.Store` and is constructed as
-    ``Class(name=name, **options)`` when a config selects it.
+    The class subclasses `pdsdk.Store` and is called as a `StoreFactory`.
     """
 
 
 @hookspec
-def pdsdk_add_policies(registrar):
+def pdsdk_add_policies(registrar: Registrar) -> None:
     """Register L5 routing policies.
 
-    Call ``registrar.add(name, "pkg.module:Class", summary=...)``. The class implements
-    the router's policy contract (`pdsdk.router.policies.Policy`).
+    Call ``registrar.add(name, "pkg.module:Class", summary=...)``. The class subclasses
+    `pdsdk.Policy` and is called as a `PolicyFactory`.
     """
 
 
 # --- observation ----------------------------------------------------------------------------
 
 @hookspec
-def pdsdk_transfer_started(transport, transfer_id, peer, nbytes, spans):
+def pdsdk_transfer_started(transport: str, transfer_id: str, peer: str, nbytes: int, spans: int) -> None:
     """A transfer was posted.
 
     transport: registered name; transfer_id: unique string; peer: peer name;
@@ -69,7 +100,8 @@ def pdsdk_transfer_started(transport, transfer_id, peer, nbytes, spans):
 
 
 @hookspec
-def pdsdk_transfer_finished(transport, transfer_id, peer, nbytes, seconds, path):
+def pdsdk_transfer_finished(transport: str, transfer_id: str, peer: str, nbytes: int, seconds: float,
+                            path: str) -> None:
     """A transfer completed and its bytes are in place.
 
     seconds: wall time from post to completion; path: what actually carried it
@@ -78,26 +110,26 @@ def pdsdk_transfer_finished(transport, transfer_id, peer, nbytes, seconds, path)
 
 
 @hookspec
-def pdsdk_transfer_failed(transport, transfer_id, peer, reason):
+def pdsdk_transfer_failed(transport: str, transfer_id: str, peer: str, reason: str) -> None:
     """A transfer failed or passed its deadline; reason is a human-readable string."""
 
 
 @hookspec
-def pdsdk_store_hit(store, pages, nbytes):
+def pdsdk_store_hit(store: str, pages: int, nbytes: int) -> None:
     """A get found `pages` pages (`nbytes` bytes) in store `store`."""
 
 
 @hookspec
-def pdsdk_store_miss(store, pages):
+def pdsdk_store_miss(store: str, pages: int) -> None:
     """A get or contains missed `pages` pages in store `store`."""
 
 
 @hookspec
-def pdsdk_store_evict(store, pages, nbytes, reason):
+def pdsdk_store_evict(store: str, pages: int, nbytes: int, reason: str) -> None:
     """Store `store` evicted (or demoted) pages; reason: "capacity", "ttl", "delete", ..."""
 
 
 @hookspec
-def pdsdk_route_decision(policy, request_id, role, worker, reason):
+def pdsdk_route_decision(policy: str, request_id: str, role: str, worker: str, reason: str) -> None:
     """The router sent request `request_id` to `worker` as `role` ("prefill", "decode", "plain")
     because of `reason` (e.g. "prefix-hit 12/16 pages", "least-load")."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -163,6 +164,19 @@ def check_spans(spans: Sequence[Span] | np.ndarray, regions: Sequence[Region], s
         if o < 0 or o + n > regions[r].length:
             raise ValueError(f"{side} span {i} [{o}, {o + n}) is outside region {r} of {regions[r].length} bytes")
     raise AssertionError("unreachable")
+
+
+def check_pages(page_ids: Any, regions: Sequence[Region], region: int, page_bytes: int, side: str) -> np.ndarray:
+    """Page ids of `region` as an int64 array; ValueError naming the side for an unknown region or an id
+    outside it."""
+    ids = np.asarray(page_ids, dtype=np.int64)
+    if not 0 <= region < len(regions):
+        raise ValueError(f"{side} region {region}; {len(regions)} region(s) are registered")
+    pages = regions[region].length // page_bytes
+    if len(ids) and (ids.min() < 0 or ids.max() >= pages):
+        raise ValueError(f"{side} page ids must be in [0, {pages}) for region {region} "
+                         f"({regions[region].length} bytes / {page_bytes}-byte pages)")
+    return ids
 
 
 def _one_device(region: np.ndarray, regions: Sequence[Region], side: str) -> None:

@@ -98,7 +98,7 @@ def copy_table(dst: np.ndarray, src: np.ndarray, sizes: np.ndarray, device: int 
     if triton_usable(device) and not ((dst | src | sizes) & 7).any():
         _run_kernel(dst, src, sizes, device, programs)
         return
-    from pdsdk.connectors.transports.buffers import torch_view
+    from pdsdk.connectors.transports.common.buffers import torch_view
 
     for d, s, n in zip(dst.tolist(), src.tolist(), sizes.tolist()):  # slow path: one copy per row
         torch_view(d, n, f"cuda:{device}").copy_(torch_view(s, n, f"cuda:{device}"), non_blocking=True)
@@ -109,7 +109,7 @@ def dma_copy(dst: np.ndarray, src: np.ndarray, sizes: np.ndarray, device: int) -
     current stream (the copy engine beats SMs writing over the link: vLLM measured the same)."""
     import torch
 
-    from pdsdk.connectors.transports.buffers import host_array, torch_view
+    from pdsdk.connectors.transports.common.buffers import host_array, torch_view
 
     for d, s, n in zip(*(a.tolist() for a in merge_rows(*(np.asarray(a, np.int64) for a in (dst, src, sizes))))):
         torch.from_numpy(host_array(d, n)).copy_(torch_view(s, n, f"cuda:{device}"), non_blocking=True)

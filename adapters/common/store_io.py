@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pdsdk.adapters.common.page_copy import copy_table, dma_copy
-from pdsdk.connectors.stores.pool import PagePool
+from pdsdk.connectors.stores.common.pool import PagePool
 
 log = logging.getLogger(__name__)
 GPU_STAGING_BYTES = 1 << 30  # saves in flight on the GPU (an 8B model's 4096 tokens are 576 MiB)
@@ -82,7 +82,7 @@ class StoreIO:
         if self.device is not None:
             import torch
 
-            from pdsdk.connectors.transports.staging import StagingBuffer
+            from pdsdk.connectors.transports.common.staging import StagingBuffer
 
             from pdsdk.adapters.common.page_copy import triton_usable
 

@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 from pdsdk.connectors.stores.base import Hints, byte_view
 from pdsdk.connectors.stores.factory import open_store
-from pdsdk.connectors.transports.buffers import host_array
+from pdsdk.connectors.transports.common.buffers import host_array
 
 log = logging.getLogger(__name__)
 LEGACY_PART = 0xFF  # key suffix of a whole flat page (legacy path); v1 pieces are 0, 1, ...

@@ -32,7 +32,7 @@ from pdsdk.adapters.sglang import wire
 from pdsdk.adapters.sglang.geometry import kv_regions, layout_from_kv_args, transfer_spans
 from pdsdk.adapters.sglang.settings import config_from_env
 from pdsdk.compat import sglang as compat
-from pdsdk.plugins import registry
+from pdsdk.connectors.transports.factory import open_transport
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -81,9 +81,9 @@ class PdsdkKVManager(CommonKVManager):
         layout = layout_from_kv_args(args, tp_size=self.attn_tp_size, tp_rank=self.attn_tp_rank,
                                      is_mla=bool(is_mla_backend))
         device = kv_device(args)
-        self.transport = registry().load("transport", spec.name)(
-            name=spec.name, layout=layout, host=self.local_ip, transfer_timeout_s=self.pdsdk_config.timeouts.transfer_s,
-            connect_timeout_s=self.pdsdk_config.timeouts.connect_s, **spec.options)
+        self.transport = open_transport(spec, layout=layout, host=self.local_ip,
+                                        transfer_timeout_s=self.pdsdk_config.timeouts.transfer_s,
+                                        connect_timeout_s=self.pdsdk_config.timeouts.connect_s)
         self.transport.register(kv_regions(args, device))
         log.info("pdsdk: %s KV manager, transport %s (%s), %d KV + %d aux buffers, layout %s",
                  disaggregation_mode.value, spec.name, self.transport.path(), len(self.kv_item_lens),

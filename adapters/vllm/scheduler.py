@@ -67,7 +67,7 @@ class SchedulerSide:
         keyspaces = [meta.store_keyspace for _, meta in sorted(metadata.items())
                      if getattr(meta, "store_keyspace", None)]
         if self.store_lookup is not None and keyspaces:
-            from pdsdk.connectors.stores.keys import KeySpace
+            from pdsdk.connectors.stores.common.keys import KeySpace
 
             self.store_lookup.set_keyspaces([KeySpace(**k) for k in keyspaces])
             log.info("pdsdk: prefix lookups in the shared store %s (%d key namespace(s))",

@@ -20,8 +20,8 @@ from typing import Any
 
 from pdsdk.adapters.vllm.metadata import StorePages
 from pdsdk.adapters.vllm.stats import StatsRecorder
+from pdsdk.connectors.stores.common.keys import KeySpace
 from pdsdk.connectors.stores.factory import open_store
-from pdsdk.connectors.stores.keys import KeySpace
 
 log = logging.getLogger(__name__)
 INDEX_LIMIT = 1 << 20  # hashes the scheduler remembers (LRU)
@@ -95,7 +95,7 @@ class StoreLookup:
     lookups pause (1 s, doubling to 30 s) so an outage costs the scheduler nothing per step."""
 
     def __init__(self, spec: Any, stats: StatsRecorder | None = None, slow_s: float = LOOKUP_SLOW_S):
-        from pdsdk.connectors.stores.base import Backoff
+        from pdsdk.connectors.stores.common.backoff import Backoff
 
         self.spec = spec
         self.stats = stats or StatsRecorder()

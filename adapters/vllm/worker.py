@@ -27,11 +27,10 @@ from pdsdk.adapters.vllm.peers import Entry, Peers
 from pdsdk.adapters.vllm.stats import StatsRecorder
 from pdsdk.compat import vllm as compat
 from pdsdk.config import PdsdkConfig
+from pdsdk.connectors.transports.factory import open_transport
 from pdsdk.kv import HeadGeometry, KVLayout, Region, head_plan, head_readers, head_slice_spans, rank_heads
-from pdsdk.plugins import registry
 
 log = logging.getLogger(__name__)
-CORRUPT_ENV = "PDSDK_TEST_CORRUPT_KV"  # test-only fault hook: scribble over loaded pages
 STATS_ENV = "PDSDK_STATS_DIR"
 
 
@@ -44,7 +43,6 @@ class WorkerSide:
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.transport: Any = None
         self.geometry: list[list[int]] = []
-        self._views: list[Any] = []
         self.layout: KVLayout | None = None
         self.heads: list[HeadGeometry] | str = "KV caches not registered"  # per layer, or why heads can't be sliced
         secret = secret_from(vllm_config.kv_transfer_config.get_from_extra_config(SECRET_KEY, None))
@@ -67,7 +65,6 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: dict[str, Any], num_blocks: int) -> None:
         tensors = list(kv_caches.values())
         self.geometry = [block_geometry(t, num_blocks) for t in tensors]
-        self._views = tensors
         model = self.vllm_config.model_config
         first = tensors[0]
         device = "cpu" if first.device.type == "cpu" else f"cuda:{first.device.index or 0}"
@@ -82,17 +79,16 @@ class WorkerSide:
                              name="pdsdk-stats", daemon=True).start()
         if self.config.store is not None:
             from pdsdk.adapters.vllm.store_path import StoreIO
-            from pdsdk.connectors.stores.keys import KeySpace
+            from pdsdk.connectors.stores.common.keys import KeySpace
 
             self.keyspace = KeySpace.for_layout(model.model, layout)
             self.store_io = StoreIO(self.config.store, self.keyspace, tensors, self.geometry, self.stats)
         spec = self.config.transport
         if spec is None:
             return
-        cls = registry().load("transport", spec.name)
-        self.transport = cls(name=spec.name, layout=layout, host=compat.engine_host(),
-                             transfer_timeout_s=self.config.timeouts.transfer_s,
-                             connect_timeout_s=self.config.timeouts.connect_s, **spec.options)
+        self.transport = open_transport(spec, layout=layout, host=compat.engine_host(),
+                                        transfer_timeout_s=self.config.timeouts.transfer_s,
+                                        connect_timeout_s=self.config.timeouts.connect_s)
         self.transport.register([Region(t.data_ptr(), region_bytes(t), device) for t in tensors])
         log.info("pdsdk: %d KV layers registered with transport %s (%s), layout %s", len(tensors), spec.name,
                  self.transport.path(), layout.fingerprint())
@@ -237,8 +233,6 @@ class WorkerSide:
             elif status.state == "done":
                 self.stats.add(transfers=1, transfer_bytes=nbytes)
                 self.stats.time("transfer_seconds", time.monotonic() - start)
-                if os.environ.get(CORRUPT_ENV) == "1":
-                    self._corrupt(blocks)
                 self._received.add(request_id)
             else:
                 log.error("pdsdk: KV load for request %s failed: %s", request_id, status.reason)
@@ -280,20 +274,6 @@ class WorkerSide:
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
-
-    def _corrupt(self, blocks: list[int]) -> None:
-        import torch
-
-        from pdsdk.connectors.transports.buffers import torch_view
-
-        for (planes, plane_stride, block_stride, block_bytes), tensor in zip(self.geometry, self._views):
-            flat = torch_view(tensor.data_ptr(), region_bytes(tensor), str(tensor.device))
-            for b in blocks:
-                for p in range(planes):
-                    start = p * plane_stride + b * block_stride
-                    flat[start:start + block_bytes] = torch.randint(0, 256, (block_bytes,), dtype=torch.uint8,
-                                                                    device=flat.device)
-        log.warning("pdsdk: %s=1: scribbled over %d loaded blocks (test-only fault hook)", CORRUPT_ENV, len(blocks))
 
     def shutdown(self) -> None:
         self._stopped.set()

@@ -6,15 +6,15 @@ from pdsdk.hookspecs import hookimpl
 BUILTIN_STORES: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
     "memory": ("pdsdk.connectors.stores.memory:MemoryStore", None, (),
                "pages in process RAM, byte-bounded, hint-aware LRU"),
-    "disk": ("pdsdk.connectors.stores.disk:DiskStore", None, (),
+    "disk": ("pdsdk.connectors.stores.disk.store:DiskStore", None, (),
              "pages appended to segment files under a directory, checksummed, survives restarts"),
-    "redis": ("pdsdk.connectors.stores.redis_store:RedisStore", "redis", ("redis", "xxhash"),
+    "redis": ("pdsdk.connectors.stores.redis:RedisStore", "redis", ("redis", "xxhash"),
               "a shared redis-server; pipelined batches, misses and backoff on outages"),
-    "mooncake": ("pdsdk.connectors.stores.mooncake_store:MooncakeStore", "mooncake", ("mooncake", "xxhash"),
+    "mooncake": ("pdsdk.connectors.stores.mooncake:MooncakeStore", "mooncake", ("mooncake", "xxhash"),
                  "Mooncake Store: a distributed pool with mooncake_master"),
     # requires=(): the store also works through a worker in another venv (.venv/lmcache), so
     # LMCache need not be importable here; the store says at construction if it is nowhere.
-    "lmcache": ("pdsdk.connectors.stores.lmcache:LMCacheStore", "lmcache", (),
+    "lmcache": ("pdsdk.connectors.stores.lmcache.store:LMCacheStore", "lmcache", (),
                 "LMCache's storage manager, in process or in a worker from an LMCache venv"),
     "tiered": ("pdsdk.connectors.stores.tiered:TieredStore", None, (),
                "ordered stores, fastest first: reads promote, evictions demote"),

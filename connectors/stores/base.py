@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,33 +42,6 @@ def copy_into(dst: memoryview, src) -> None:
 
     src_arr = np.frombuffer(src, np.uint8)
     np.copyto(np.frombuffer(dst, np.uint8)[: src_arr.size], src_arr)
-
-
-class Backoff:
-    """Reconnect pacing for remote stores: after a failure, calls are answered locally (misses)
-    until the next attempt is due, so an outage costs the engine microseconds, not timeouts."""
-
-    def __init__(self, first_s: float = 0.2, max_s: float = 5.0):
-        self.first_s, self.max_s = first_s, max_s
-        self._delay = 0.0
-        self._next = 0.0
-        self._lock = threading.Lock()
-
-    @property
-    def down(self) -> bool:
-        return self._delay > 0
-
-    def ready(self) -> bool:
-        """True when a call may go to the backend (up, or a retry is due)."""
-        return self._delay == 0 or time.monotonic() >= self._next
-
-    def failed(self) -> None:
-        with self._lock:
-            self._delay = min(self.max_s, self._delay * 2 or self.first_s)
-            self._next = time.monotonic() + self._delay
-
-    def succeeded(self) -> None:
-        self._delay = 0.0
 
 
 class Hints(msgspec.Struct, frozen=True, kw_only=True):
@@ -209,27 +181,31 @@ class Store(ABC):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # Helpers for implementations: count and tell the observation hooks.
-    def _record_get(self, hits: int, asked: int, nbytes: int) -> None:
+    # For implementations: count into stats() and tell the observation hooks.
+    def record_get(self, hits: int, asked: int, nbytes: int) -> None:
+        """A get or lend of `asked` pages found the first `hits` of them (`nbytes` bytes)."""
         self._stats.add(hits=hits, misses=asked - hits, bytes_out=nbytes)
         if hits:
             notify("pdsdk_store_hit", store=self.name, pages=hits, nbytes=nbytes)
         if asked - hits:
             notify("pdsdk_store_miss", store=self.name, pages=asked - hits)
 
-    def _record_put(self, pages: int, nbytes: int) -> None:
+    def record_put(self, pages: int, nbytes: int) -> None:
+        """A put stored `pages` new pages of `nbytes` bytes in all."""
         self._stats.add(puts=pages, bytes_in=nbytes)
 
-    def _record_error(self, n: int = 1) -> None:
+    def record_error(self, n: int = 1) -> None:
+        """The backend failed `n` times (answered as misses)."""
         self._stats.add(errors=n)
 
-    def _report_evictions(self, victims: Sequence[tuple]) -> None:
-        """Tell the hooks about (key, nbytes, reason, ...) victims, one call per reason."""
+    def record_evictions(self, victims: Sequence[tuple]) -> None:
+        """(key, nbytes, reason, ...) victims, one hook call per reason."""
         for reason in {v[2] for v in victims}:
             sizes = [v[1] for v in victims if v[2] == reason]
-            self._record_evict(len(sizes), sum(sizes), reason)
+            self.record_evict(len(sizes), sum(sizes), reason)
 
-    def _record_evict(self, pages: int, nbytes: int, reason: str) -> None:
+    def record_evict(self, pages: int, nbytes: int, reason: str) -> None:
+        """`pages` pages (`nbytes` bytes) went for `reason` ("capacity", "ttl", "delete", ...)."""
         if not pages:
             return
         self._stats.add(evictions=pages)

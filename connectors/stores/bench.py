@@ -130,7 +130,7 @@ def _open_stores(args, tmp: Path, total: int, servers: list):
                "disk": {"path": str(Path(args.path) if args.path else tmp / "disk"), "capacity_bytes": 4 * total},
                "lmcache": {"cpu_bytes": 2 * total + (64 << 20)}}
     if args.servers:
-        from pdsdk.connectors.stores.servers import start_mooncake_master, start_redis
+        from pdsdk.testing.servers import start_mooncake_master, start_redis
 
         redis_srv = start_redis(tmp, maxmemory=f"{(2 * total) >> 20}mb")
         servers.append(redis_srv)

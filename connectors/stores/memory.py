@@ -1,6 +1,6 @@
 """`memory`: pages in this process's RAM, bounded in bytes, evicted by hint-aware LRU.
 
-Pages live in a host page pool (connectors/stores/pool.py), pinned where a GPU is present
+Pages live in a host page pool (common/pool.py), pinned where a GPU is present
 (`pinned: auto`), so the store data path copies a GPU's KV blocks straight into and out of them:
 `reserve` + `commit` store pages the caller fills in place, `lend` hands out the stored pages
 themselves. `put` and `get` copy, for every other caller. Copies happen outside the lock; a page
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Loan, Reservation, Store, byte_view, copy_into, log
-from pdsdk.connectors.stores.pool import PagePool, can_pin
-from pdsdk.connectors.stores.retention import Retention
+from pdsdk.connectors.stores.common.eviction import EvictionOrder
+from pdsdk.connectors.stores.common.pool import PagePool, can_pin
 
 
 class MemoryStore(Store):
@@ -28,7 +28,7 @@ class MemoryStore(Store):
         self.pinned = can_pin() if pinned == "auto" else bool(pinned)
         self._pools: dict[int, PagePool] = {}  # by page size (one in practice: the model's block)
         self._pages: dict[bytes, tuple[PagePool, int]] = {}
-        self._retention = Retention()
+        self._eviction = EvictionOrder()
         self._lock = threading.Lock()
         self._readers = 0  # gets and loans reading outside the lock
         self._deferred: list[tuple[PagePool, int]] = []  # pages dropped while readers were busy
@@ -49,10 +49,10 @@ class MemoryStore(Store):
         if pages is None:
             with self._lock:
                 need = (n - pool.free_pages) * page_bytes
-                victims = self._retention.victims(need, set(protect))
+                victims = self._eviction.victims(need, set(protect))
                 held = [(v, self._pages.pop(v.key)) for v in victims if v.key in self._pages]
                 demoted = [(v.key, p, v.hints) for v, p in held if v.hints is not None]
-        self._report_evictions(victims)
+        self.record_evictions(victims)
         if self._demote is not None:
             for key, (p, page), hints in demoted:
                 self._demote(key, p.view(page), hints)
@@ -73,9 +73,9 @@ class MemoryStore(Store):
             for key, page in zip(keys, pages):
                 self._drop(key)
                 self._pages[key] = (pool, int(page))
-                self._retention.add(key, pool.page_bytes, hints)
+                self._eviction.add(key, pool.page_bytes, hints)
             pool.free(pages[len(keys):])
-        self._record_put(len(keys), len(keys) * pool.page_bytes)
+        self.record_put(len(keys), len(keys) * pool.page_bytes)
         return len(keys)
 
     def cancel(self, reservation: Reservation) -> None:
@@ -87,7 +87,7 @@ class MemoryStore(Store):
             found = self._prefix(keys, touch=True)
             self._readers += 1
         nbytes = sum(p.page_bytes for p, _ in found)
-        self._record_get(len(found), len(keys), nbytes)
+        self.record_get(len(found), len(keys), nbytes)
         pools = {id(p): p for p, _ in found}
         if len(pools) == 1:
             pool = found[0][0]
@@ -106,8 +106,8 @@ class MemoryStore(Store):
             key = bytes(key)
             batch.append(key)
             with self._lock:
-                if key in self._pages and not self._retention.expired(key):
-                    self._retention.add(key, self._pages[key][0].page_bytes, hints)  # same content; new hints
+                if key in self._pages and not self._eviction.expired(key):
+                    self._eviction.add(key, self._pages[key][0].page_bytes, hints)  # same content; new hints
                     stored += 1
                     continue
             view = byte_view(page)
@@ -137,7 +137,7 @@ class MemoryStore(Store):
                 hits, nbytes = hits + 1, nbytes + pool.page_bytes
         finally:
             self._end_read()
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def contains(self, keys: Sequence[bytes]) -> int:
@@ -153,7 +153,7 @@ class MemoryStore(Store):
 
     def stats(self) -> dict:
         with self._lock:
-            used, pages = self._retention.used, len(self._pages)
+            used, pages = self._eviction.used, len(self._pages)
         return {**super().stats(), "used_bytes": used, "pages": pages, "capacity_bytes": self.capacity_bytes,
                 "pinned": self.pinned}
 
@@ -164,7 +164,7 @@ class MemoryStore(Store):
             for pool in self._pools.values():
                 pool.close()
             self._pools.clear()
-            self._retention = Retention()
+            self._eviction = EvictionOrder()
 
     # --- internals (callers hold the lock) --------------------------------------------------------
 
@@ -183,19 +183,19 @@ class MemoryStore(Store):
             entry = self._pages.get(key)
             if entry is None:
                 break
-            if self._retention.expired(key):
+            if self._eviction.expired(key):
                 self._drop(key)
-                self._record_evict(1, entry[0].page_bytes, "ttl")
+                self.record_evict(1, entry[0].page_bytes, "ttl")
                 break
             if touch:
-                self._retention.touch(key)
+                self._eviction.touch(key)
             found.append(entry)
         return found
 
     def _drop(self, key: bytes) -> None:
         entry = self._pages.pop(key, None)
         if entry is not None:
-            self._retention.remove(key)
+            self._eviction.remove(key)
             self._release(entry)
 
     def _release(self, entry: tuple[PagePool, int]) -> None:

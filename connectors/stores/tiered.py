@@ -36,7 +36,7 @@ class TieredStore(Store):
                 lower.put([key], [page], hints)
             except Exception:  # noqa: BLE001 - a failing lower tier loses the page, nothing more
                 log.exception("%s: demotion to %s failed", self.name, lower.name)
-                self._record_error()
+                self.record_error()
         return demote
 
     def put(self, keys: Sequence[bytes], pages: Sequence[Buffer], hints: Hints | None = None) -> int:
@@ -46,7 +46,7 @@ class TieredStore(Store):
             stored += tier.put(keys[stored:], pages[stored:], hints)
             if stored >= len(keys):
                 break
-        self._record_put(stored, 0)
+        self.record_put(stored, 0)
         return stored
 
     def _walk(self, keys: Sequence[bytes], step) -> int:
@@ -75,7 +75,7 @@ class TieredStore(Store):
             return run
 
         hits = self._walk(keys, step)
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def prepare(self, page_bytes: int) -> None:

@@ -8,10 +8,12 @@ BUILTIN_TRANSPORTS: dict[str, tuple[str, str | None, tuple[str, ...], str]] = {
              "NVIDIA NIXL over UCX (cma/tcp on host, cuda_ipc/NVLink, RDMA)"),
     "mooncake": ("pdsdk.connectors.transports.mooncake:MooncakeTransport", "mooncake", ("mooncake",),
                  "Mooncake Transfer Engine, P2P handshake (tcp; rdma/nvlink when asked and present)"),
-    "local": ("pdsdk.connectors.transports.local:LocalTransport", None, (),
+    "local": ("pdsdk.connectors.transports.local.transport:LocalTransport", None, (),
               "same host: one-copy cross-memory attach (CPU), CUDA IPC (GPU)"),
-    "nccl": ("pdsdk.connectors.transports.nccl:NcclTransport", "nccl", ("torch",),
+    "nccl": ("pdsdk.connectors.transports.nccl.transport:NcclTransport", "nccl", ("torch",),
              "torch.distributed pair groups: NCCL on GPU, gloo on CPU"),
+    "fake": ("pdsdk.connectors.transports.fake:FakeTransport", None, (),
+             "peers in one process, memcpy (or bytes dropped): tests, and the template for a new transport"),
 }
 
 

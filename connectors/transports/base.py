@@ -6,7 +6,7 @@ base class validates spans, coalesces them, enforces deadlines and reports to th
 hooks; a transport implements only the `_`-prefixed backend methods.
 
 Failure is a state, never a hang: every transfer has a deadline, and a dead peer shows up as
-`Status("failed", reason)` by then at the latest.
+`TransferStatus("failed", reason)` by then at the latest.
 """
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from pdsdk.connectors.transports.path_judge import PathJudge
-from pdsdk.connectors.transports.staging import StagedTransfer
 
-from pdsdk.errors import ConfigError, PdsdkError
-from pdsdk.kv import KVLayout, Region, Span, check_spans, coalesce
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.path_judge import PathJudge
+from pdsdk.connectors.transports.common.staging import StagedTransfer
+from pdsdk.connectors.transports.common.status import DONE, STATUS_PENDING, TransferStatus, failed
+from pdsdk.errors import ConfigError, TransportError
+from pdsdk.kv import KVLayout, Region, Span, check_pages, check_spans, coalesce
 from pdsdk.plugins import notify as notify_observers
 
 log = logging.getLogger(__name__)
 
-PENDING, DONE, FAILED = "pending", "done", "failed"
 Spans = Sequence[Span] | np.ndarray
 _live: weakref.WeakSet = weakref.WeakSet()  # transports not closed yet
 
@@ -53,56 +54,6 @@ def _close_all() -> None:
             pass
 
 
-class Status(msgspec.Struct, frozen=True):
-    state: str
-    reason: str | None = None
-
-    @property
-    def final(self) -> bool:
-        return self.state != PENDING
-
-
-STATUS_PENDING = Status(PENDING)
-STATUS_DONE = Status(DONE)
-
-
-def failed(reason: str) -> Status:
-    return Status(FAILED, reason)
-
-
-class TransportError(PdsdkError):
-    """A transport cannot do what was asked (bad descriptor, closed transport, wrong peer)."""
-
-
-class Descriptor(msgspec.Struct, frozen=True, kw_only=True):
-    """What a side sends its peer out of band (msgpack; never pickle)."""
-
-    transport: str
-    agent: str
-    host: str
-    layout: KVLayout
-    regions: list[Region]
-    meta: dict[str, Any] = {}  # backend handshake material
-
-
-@dataclass
-class Peer:
-    """A connected remote side."""
-
-    agent: str
-    host: str
-    regions: list[Region]
-    layout: KVLayout
-    backend_meta: dict[str, Any] = field(default_factory=dict)  # the peer's descriptor meta
-    backend: Any = None  # whatever the transport keeps per peer
-
-    @property
-    def all_regions(self) -> list[Region]:
-        """The peer's regions plus its staging buffer (last), for address lookups."""
-        staging = self.backend_meta.get("staging")
-        return self.regions + ([Region(*staging)] if staging else [])
-
-
 @dataclass
 class _Transfer:
     op: str
@@ -112,7 +63,7 @@ class _Transfer:
     deadline: float
     backend: Any
     spans: int = 1
-    status: Status = STATUS_PENDING
+    status: TransferStatus = STATUS_PENDING
 
 
 @dataclass
@@ -129,12 +80,14 @@ class Transport(ABC):
 
     # Options a config may pass (name -> default); anything else is a ConfigError naming the choices.
     OPTIONS: dict[str, Any] = {}
-    # One-sided transports whose per-descriptor cost makes the staged path worth it (see staging.py).
+    # One-sided transports whose per-descriptor cost makes the staged path worth it (common/staging.py).
     SUPPORTS_STAGING = False
     STAGING_OPTIONS = {
         "staging": "auto",  # auto: by the cost rule; on: always for scattered spans; off: never
         "staging_bytes": None,  # staging buffer size; default 256 MiB when regions are on GPU, else none
     }
+    # Peers are transports of this same process (`fake`): test drivers keep the other side in this process.
+    IN_PROCESS = False
 
     def __init__(self, *, name: str, layout: KVLayout, agent: str | None = None,
                  transfer_timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
@@ -191,7 +144,7 @@ class Transport(ABC):
         if nbytes is None:
             nbytes = 256 << 20 if device != "cpu" or self.options["staging"] == "on" else 0
         if nbytes:
-            from pdsdk.connectors.transports.staging import Stager
+            from pdsdk.connectors.transports.common.staging import Stager
 
             self._stager = Stager(self, int(nbytes), device)
             self._register([self._stager.buffer.region])
@@ -242,7 +195,7 @@ class Transport(ABC):
         """Page-oriented `write`; see `read_pages`."""
         return self._start_pages("WRITE", peer, local_region, local_pages, remote_region, remote_pages, notify)
 
-    def poll(self, handle: int) -> Status:
+    def poll(self, handle: int) -> TransferStatus:
         """pending, done, or failed(reason). Never blocks; a transfer past its deadline is failed."""
         with self._lock:
             t = self._transfers.get(handle)
@@ -261,7 +214,7 @@ class Transport(ABC):
             self._finish(handle, t, status)
         return status
 
-    def wait(self, handle: int, timeout: float | None = None) -> Status:
+    def wait(self, handle: int, timeout: float | None = None) -> TransferStatus:
         """Poll until final or until `timeout` seconds pass (then still pending). Yields for the
         first millisecond (GPU transfers finish in tens of microseconds), then backs off to 1 ms."""
         start = time.monotonic()
@@ -362,9 +315,9 @@ class Transport(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def _poll(self, backend: Any) -> Status: ...
+    def _poll(self, backend: Any) -> TransferStatus: ...
 
-    def _release(self, backend: Any, status: Status) -> None:
+    def _release(self, backend: Any, status: TransferStatus) -> None:
         """Free backend resources of a finished (or abandoned) transfer."""
 
     @abstractmethod
@@ -402,17 +355,10 @@ class Transport(ABC):
                      remote_pages: Any, notify: bytes | None) -> int:
         self._check_open()
         pb = self.layout.page_bytes
-        lp, rp = np.asarray(local_pages, dtype=np.int64), np.asarray(remote_pages, dtype=np.int64)
+        lp = check_pages(local_pages, self.regions, local_region, pb, "local")
+        rp = check_pages(remote_pages, peer.regions, remote_region, pb, "remote")
         if len(lp) != len(rp) or not len(lp):
             raise ValueError(f"{len(lp)} local pages but {len(rp)} remote pages; give the same number, at least one")
-        for side, regions, region, ids in (("local", self.regions, local_region, lp),
-                                           ("remote", peer.regions, remote_region, rp)):
-            if not 0 <= region < len(regions):
-                raise ValueError(f"{side} region {region}; {len(regions)} region(s) are registered")
-            pages = regions[region].length // pb
-            if ids.min() < 0 or ids.max() >= pages:
-                raise ValueError(f"{side} page ids must be in [0, {pages}) for region {region} "
-                                 f"({regions[region].length} bytes / {pb}-byte pages)")
         if type(self)._post_pages is Transport._post_pages:
             from pdsdk.kv import page_spans
 
@@ -443,14 +389,14 @@ class Transport(ABC):
             return False
         if self.options["staging"] == "on":
             return True
-        from pdsdk.connectors.transports.staging import prefer_staged
+        from pdsdk.connectors.transports.common.staging import prefer_staged
 
         return prefer_staged(len(local), nbytes, self._stager.buffer.device)
 
     def _is_staged(self, backend: Any) -> bool:
         return isinstance(backend, StagedTransfer)
 
-    def _finish(self, handle: int, t: _Transfer, status: Status) -> None:
+    def _finish(self, handle: int, t: _Transfer, status: TransferStatus) -> None:
         with self._lock:
             if t.status.final:
                 return
@@ -480,7 +426,7 @@ class Transport(ABC):
                              reason=status.reason)
 
     def _observe_rate(self, t: _Transfer, seconds: float) -> None:
-        """A host path under GPU memory is said once, loudly, in the log and in path() (path_judge.py)."""
+        """A host path under GPU memory is said once, loudly, in the log and in path() (common/path_judge.py)."""
         if not self.MAY_TAKE_HOST_PATH or self._path_warning is not None:
             return
         if any(r.device == "cpu" for r in itertools.chain(self.regions, t.peer.regions)):

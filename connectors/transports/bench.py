@@ -118,20 +118,22 @@ PAGE_UNIT = 32 * 32 * 2  # one KV head of head_dim 32 over a 32-token page, 2-by
 
 
 def bench_one(name: str, args, sizes: list[int], region_bytes: int, peer_device: str, status) -> list[dict]:
-    from pdsdk.connectors.transports.buffers import allocate, torch_view
-    from pdsdk.connectors.transports.peer import PeerProcess
+    from pdsdk.connectors.transports.common.buffers import allocate, torch_view
+    from pdsdk.connectors.transports.factory import open_transport
     from pdsdk.kv import KVLayout, page_spans
     from pdsdk.plugins import registry
+    from pdsdk.testing.peer import start_peer
 
     # The paged case's page is one layout page: heads x head_dim x page_size x 2 bytes.
     layout = {"num_layers": 1, "num_kv_heads": args.page_bytes // PAGE_UNIT, "head_dim": 32, "page_size": 32}
     cls = registry().load("transport", name)
     options = {"staging": args.staging} if cls.SUPPORTS_STAGING else {}
     options.update(transport_options(args.option).get(name, {}))
-    transport = cls(name=name, layout=KVLayout(**layout, device=args.device), transfer_timeout_s=args.timeout, **options)
+    transport = open_transport(name, layout=KVLayout(**layout, device=args.device), transfer_timeout_s=args.timeout,
+                               **options)
     buf, region = allocate(region_bytes, args.device)
     transport.register([region])
-    peer = PeerProcess(name, region_bytes, device=peer_device, layout=layout, timeout=args.timeout, options=options)
+    peer = start_peer(name, region_bytes, device=peer_device, layout=layout, timeout=args.timeout, options=options)
     records = []
     try:
         remote = transport.connect(peer.descriptor)

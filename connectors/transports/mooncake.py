@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
-from pdsdk.connectors.transports.base import (
-    STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, TransportError, failed,
-)
+from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.status import STATUS_DONE, STATUS_PENDING, TransferStatus, failed
+from pdsdk.errors import TransportError
 from pdsdk.kv import Region, span_addresses
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class MooncakeTransport(Transport):
             if rc != 0:
                 raise ConnectionError(f"mooncake notify to {session} returned {rc}")
 
-    def _poll(self, backend: Future) -> Status:
+    def _poll(self, backend: Future) -> TransferStatus:
         if not backend.done():
             return STATUS_PENDING
         e = backend.exception()

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from pdsdk.connectors.transports.base import STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, failed
-from pdsdk.connectors.transports.buffers import cuda_index
+from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.buffers import cuda_index
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.status import STATUS_DONE, STATUS_PENDING, TransferStatus, failed
 from pdsdk.kv import Region, span_addresses
 
 log = logging.getLogger(__name__)
@@ -171,7 +173,7 @@ class NixlTransport(Transport):
             raise ConnectionError(f"NIXL refused to post the transfer to {peer.agent}")
         return handle
 
-    def _poll(self, backend: Any) -> Status:
+    def _poll(self, backend: Any) -> TransferStatus:
         state = self._agent.check_xfer_state(backend)
         if state == "DONE":
             return STATUS_DONE
@@ -179,7 +181,7 @@ class NixlTransport(Transport):
             return failed("NIXL transfer error (peer gone or unreachable)")
         return STATUS_PENDING
 
-    def _release(self, backend: Any, status: Status) -> None:
+    def _release(self, backend: Any, status: TransferStatus) -> None:
         if backend is not None:
             self._agent.release_xfer_handle(backend)
 

@@ -1,6 +1,7 @@
 """The L2 transport contract, run against every registered transport, between real processes.
 
-The other side of each transfer is a `PeerProcess`: the same transport in its own interpreter.
+The other side of each transfer is the same transport in its own interpreter (`start_peer`), or, for
+a transport whose peers live in one process (`IN_PROCESS`, e.g. `fake`), in this one.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import time
 import numpy as np
 import pytest
 from helpers import need_plugin, span_digest as digest
-from pdsdk.connectors.transports.base import TransportError
-from pdsdk.connectors.transports.buffers import allocate
-from pdsdk.connectors.transports.peer import PeerProcess
+from pdsdk.connectors.transports.common.buffers import allocate
+from pdsdk.testing.peer import start_peer
 
 import pdsdk
-from pdsdk import LayoutMismatch
+from pdsdk import LayoutMismatch, TransportError, open_transport
 from pdsdk.kv import KVLayout, Span, page_spans
 from pdsdk.plugins import plugin_manager, registry
 
@@ -26,9 +26,8 @@ DEADLINE_S = 5.0
 
 
 def make_transport(name: str, layout: dict | None = None, **options):
-    spec = registry().get("transport", name)
-    need_plugin(spec)
-    t = spec.load()(name=name, layout=KVLayout(**(layout or LAYOUT)), transfer_timeout_s=DEADLINE_S, **options)
+    need_plugin(registry().get("transport", name))
+    t = open_transport(name, layout=KVLayout(**(layout or LAYOUT)), transfer_timeout_s=DEADLINE_S, **options)
     buf, region = allocate(NBYTES)
     t.register([region])
     return t, buf
@@ -38,7 +37,7 @@ def make_transport(name: str, layout: dict | None = None, **options):
 def pair(transport_name):
     """(local transport, its buffer, peer process, connected peer); shared by a module's tests."""
     t, buf = make_transport(transport_name)
-    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
+    peer = start_peer(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
     remote = t.connect(peer.descriptor)
     yield t, buf, peer, remote
     peer.close()
@@ -169,7 +168,7 @@ def test_observation_hooks_see_transfers(pair):
 
 def test_layout_mismatch_fails_at_connect_naming_the_field(transport_name):
     t, _ = make_transport(transport_name, {**LAYOUT, "page_size": 64})
-    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT)
+    peer = start_peer(transport_name, NBYTES, layout=LAYOUT)
     try:
         with pytest.raises(LayoutMismatch, match="page_size: local=64 remote=32"):
             t.connect(peer.descriptor)
@@ -205,7 +204,7 @@ def test_double_close_then_use_is_an_error(transport_name):
 
 def test_peer_killed_mid_transfer_fails_within_the_deadline(transport_name):
     t, buf = make_transport(transport_name)
-    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
+    peer = start_peer(transport_name, NBYTES, layout=LAYOUT, timeout=DEADLINE_S)
     try:
         remote = t.connect(peer.descriptor)
         assert t.wait(t.read(remote, [Span(0, 0, PAGE)], [Span(0, 0, PAGE)])).state == "done"
@@ -230,7 +229,7 @@ def test_staged_path_moves_scattered_pages(transport_name, op):
         pytest.skip(f"{transport_name} has no staged path (it needs none)")
     options = {"staging": "on", "staging_bytes": 4 << 20}
     t, buf = make_transport(transport_name, **options)
-    peer = PeerProcess(transport_name, NBYTES, layout=LAYOUT, options=options)
+    peer = start_peer(transport_name, NBYTES, layout=LAYOUT, options=options)
     try:
         remote = t.connect(peer.descriptor)
         rng = np.random.default_rng(21)

@@ -15,10 +15,12 @@ import pytest
 from engine.conftest import MAX_TOKENS, PROMPTS, plain_outputs
 from engine.servers import VllmServer, pd_complete, start_all
 
+from pdsdk.testing.plugins import plugin_env
+
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-def server(name, model, tmp_path, tp: int, role: str, transport: str, env: dict | None = None) -> VllmServer:
+def server(name, model, tmp_path, tp: int, role: str, transport: str | dict, env: dict | None = None) -> VllmServer:
     # Two cores: prefill on core 0, decode on core 1, every rank of a TP=2 engine on its engine's core
     # ("0|0"). With "0|1" the TP=2 prefill's workers keep stepping on both cores while a send is pending,
     # and the decode on core 1 did not take the request before the prefill's lease ran out.
@@ -62,13 +64,14 @@ def test_hetero_tp_outputs_equal_a_single_engine(tp_p, tp_d, transport, model, b
 
 def test_hetero_tp_decode_really_uses_the_sliced_pages(model, baseline, baseline_tp2, tmp_path):
     prefill = server("prefill", model, tmp_path, 2, "prefill", "local")
-    decode = server("decode", model, tmp_path, 1, "decode", "local", env={"PDSDK_TEST_CORRUPT_KV": "1"})
+    decode = server("decode", model, tmp_path, 1, "decode", {"name": "corrupt_reads", "options": {"inner": "local"}},
+                    env=plugin_env(tmp_path / "site", "pdsdk.testing.faults"))
     try:
         start_all(prefill, decode)
         outputs = [pd_complete(prefill, decode, p, MAX_TOKENS)[0] for p in PROMPTS]
         changed = sum(out != a and out != b for out, a, b in zip(outputs, baseline, baseline_tp2))
         assert changed >= len(PROMPTS) - 1
-        assert "scribbled over" in decode.log_text()
+        assert "corrupt_reads: scribbled over" in decode.log_text()
     finally:
         prefill.stop()
         decode.stop()

@@ -10,13 +10,16 @@ from engine.conftest import MAX_TOKENS, PROMPTS
 from engine.servers import VllmServer, pd_complete, start_all
 from helpers import eventually
 
+from pdsdk.testing.plugins import plugin_env
+
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def pd_pair(model, tmp_path, transport: str, decode_env: dict | None = None, decode_block_size: int = 32):
-    config = {"transport": transport}
-    prefill = VllmServer("prefill", model, tmp_path, cores="0", role="prefill", pdsdk_config=config)
-    decode = VllmServer("decode", model, tmp_path, cores="1", role="decode", pdsdk_config=config, env=decode_env,
+def pd_pair(model, tmp_path, transport: str, decode_env: dict | None = None, decode_block_size: int = 32,
+            decode_transport: dict | None = None):
+    prefill = VllmServer("prefill", model, tmp_path, cores="0", role="prefill", pdsdk_config={"transport": transport})
+    decode = VllmServer("decode", model, tmp_path, cores="1", role="decode",
+                        pdsdk_config={"transport": decode_transport or transport}, env=decode_env,
                         block_size=decode_block_size)
     start_all(prefill, decode)
     return prefill, decode
@@ -37,10 +40,12 @@ def test_pd_outputs_equal_a_single_engine(transport, model, baseline, tmp_path):
 
 def test_decode_really_uses_the_transferred_pages(model, baseline, tmp_path):
     """Scribbling over the pages after they land must change the output, not pass silently."""
-    prefill, decode = pd_pair(model, tmp_path, "nixl", decode_env={"PDSDK_TEST_CORRUPT_KV": "1"})
+    prefill, decode = pd_pair(model, tmp_path, "nixl", decode_env=plugin_env(tmp_path / "site", "pdsdk.testing.faults"),
+                              decode_transport={"name": "corrupt_reads", "options": {"inner": "nixl"}})
     try:
         outputs = [pd_complete(prefill, decode, p, MAX_TOKENS)[0] for p in PROMPTS]
         assert sum(a != b for a, b in zip(outputs, baseline)) >= len(PROMPTS) - 1
+        assert "corrupt_reads: scribbled over" in decode.log_text()
     finally:
         prefill.stop()
         decode.stop()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdsdk.connectors.stores.disk import DiskStore
+from pdsdk.connectors.stores.disk.store import DiskStore
 
 KINDS = ("flip", "random bytes", "zeros", "truncate", "garbage tail", "copy")
 DAMAGE = st.tuples(st.sampled_from(KINDS), st.integers(0, 7), st.floats(0, 1), st.integers(1, 64))

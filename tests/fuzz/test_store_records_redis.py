@@ -44,7 +44,7 @@ def _damage(client, name: bytes, other: bytes, kind: str, where: float, n: int, 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damage=st.lists(DAMAGE, min_size=1, max_size=4), seed=st.integers(0, 1 << 16))
 def test_value_damage(redis_server, damage, seed):  # noqa: F811 - fixture
-    from pdsdk.connectors.stores.redis_store import RedisStore
+    from pdsdk.connectors.stores.redis import RedisStore
 
     rng = random.Random(seed)
     store = RedisStore(url=f"redis://127.0.0.1:{redis_server.port}/0", prefix=f"f{os.urandom(4).hex()}:")

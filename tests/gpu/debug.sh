@@ -4,7 +4,7 @@ cd /tmp
 python3 -m pdsdk bench transport --transports local --device cuda:0 --peer-device cuda:0 --sizes 1,151,1024 --repeats 10 --doc "" --json $OUT/local.json 2>&1 | grep -E "│|rror" | cut -c1-140
 python3 - <<'PY' 2>&1 | grep -v "^[IW]1129" | tail -30
 import traceback, torch
-from pdsdk.connectors.transports.buffers import allocate
+from pdsdk.connectors.transports.common.buffers import allocate
 from pdsdk.kv import KVLayout
 from pdsdk.plugins import registry
 try:

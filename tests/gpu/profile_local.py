@@ -8,10 +8,10 @@ import time
 import numpy as np
 import torch
 
-from pdsdk.connectors.transports.buffers import allocate
-from pdsdk.connectors.transports.peer import PeerProcess
+from pdsdk.connectors.transports.common.buffers import allocate
 from pdsdk.kv import KVLayout, Span, page_spans
 from pdsdk.plugins import registry
+from pdsdk.testing.peer import PeerProcess
 
 pb, n = 32768, 4608
 N = 2 * n * pb
@@ -39,7 +39,7 @@ for _ in range(20):
 prof.disable()
 pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 # the kernels alone
-from pdsdk.connectors.transports.staging import copy_pages
+from pdsdk.connectors.transports.common.packing import copy_pages
 lp, rp = buf.view(-1, pb), buf.view(-1, pb)
 li, ri = rng.permutation(N // pb)[:n], rng.permutation(N // pb)[:n]
 torch.cuda.synchronize(); s = time.perf_counter()

@@ -80,7 +80,7 @@ def build(role: str, port: int, heads: int = HEADS):
 
 def digest(kv_args, pages, slot: int) -> str:
     """sha256 over the given pages of every KV buffer, then the metadata row of every aux buffer."""
-    from pdsdk.connectors.transports.buffers import host_array
+    from pdsdk.connectors.transports.common.buffers import host_array
 
     h = hashlib.sha256()
     for ptr, item in zip(kv_args.kv_data_ptrs, kv_args.kv_item_lens):

@@ -9,7 +9,7 @@ import torch
 from stores.servers import mooncake_master, mooncake_options, redis_server  # noqa: F401 - fixtures
 
 from pdsdk.compat import sglang as compat
-from pdsdk.connectors.stores.keys import sglang_page_hashes
+from pdsdk.connectors.stores.common.keys import sglang_page_hashes
 
 PAGE, LAYERS, HEADS, HEAD_DIM = 16, 3, 2, 32
 

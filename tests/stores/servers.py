@@ -1,4 +1,4 @@
-"""Session fixtures with real servers on free loopback ports (pdsdk.connectors.stores.servers).
+"""Session fixtures with real servers on free loopback ports (pdsdk.testing.servers).
 
 Import the fixtures into a test module (`from stores.servers import redis_server`) to use them."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pdsdk.connectors.stores import servers
-from pdsdk.connectors.stores.servers import Server
+from pdsdk.testing import servers
+from pdsdk.testing.servers import Server
 
 
 def start_redis(workdir, maxmemory="64mb") -> Server:
@@ -52,7 +52,7 @@ def lmcache_options(tmp, **extra) -> dict:
     nowhere: neither importable here nor in a side venv (`make .venv/.lmcache` builds one)."""
     from helpers import REQUIRE_ALL
 
-    from pdsdk.connectors.stores.lmcache import runtime
+    from pdsdk.connectors.stores.lmcache.store import runtime
 
     if runtime() is None:
         (pytest.fail if REQUIRE_ALL else pytest.skip)("lmcache: not importable here and no LMCache venv")

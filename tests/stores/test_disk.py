@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from helpers import read_pages
 from pdsdk.connectors.stores.base import Hints
-from pdsdk.connectors.stores.disk import DiskStore
-from pdsdk.connectors.stores.disk_record import HEADER_SIZE
-from pdsdk.connectors.stores.disk_record import checksum as _checksum
+from pdsdk.connectors.stores.disk.record import HEADER_SIZE
+from pdsdk.connectors.stores.disk.record import checksum as _checksum
+from pdsdk.connectors.stores.disk.store import DiskStore
 
 PAGE = 4096
 RECORD = HEADER_SIZE + 32 + PAGE  # a page's bytes in a segment (32-byte keys)
@@ -33,7 +33,7 @@ def keys(n, salt):
 
 def where(store, key):
     """(segment path, record offset, record size) of a stored page."""
-    rec = store._index[key]
+    rec = store._index.recs[key]
     return rec.seg.path, rec.off, rec.size
 
 

@@ -10,8 +10,8 @@ import zlib
 
 import pytest
 from helpers import read_pages
-from pdsdk.connectors.stores.disk import DiskStore
-from pdsdk.connectors.stores.disk_record import FIELDS, HEADER_SIZE, STATE_AT
+from pdsdk.connectors.stores.disk.record import FIELDS, HEADER_SIZE, STATE_AT
+from pdsdk.connectors.stores.disk.store import DiskStore
 from stores.test_disk import PAGE, RECORD, damage, keys, pages, segments, where
 
 # Spots in a record's header and key: (offset in the record, bytes of the field).

@@ -28,7 +28,7 @@ def keys(n, salt):
 # -- redis --------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_redis_killed_then_restarted(tmp_path):
-    from pdsdk.connectors.stores.redis_store import RedisStore
+    from pdsdk.connectors.stores.redis import RedisStore
 
     server = start_redis(tmp_path)
     try:
@@ -53,7 +53,7 @@ def test_redis_killed_then_restarted(tmp_path):
 
 @pytest.mark.slow
 def test_redis_unreachable_from_the_start():
-    from pdsdk.connectors.stores.redis_store import RedisStore
+    from pdsdk.connectors.stores.redis import RedisStore
 
     s = RedisStore(url=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
     assert s.put(keys(1, "x"), pages(1)) == 0
@@ -66,7 +66,7 @@ def test_redis_unreachable_from_the_start():
 def test_redis_pressure_keeps_pinned_pages(tmp_path):
     """The server evicts (volatile-lru, 4 MB): unpinned pages go, pinned ones stay, bytes stay exact."""
     from pdsdk.connectors.stores.base import Hints
-    from pdsdk.connectors.stores.redis_store import RedisStore
+    from pdsdk.connectors.stores.redis import RedisStore
 
     server = start_redis(tmp_path, maxmemory="4mb")
     try:
@@ -89,7 +89,7 @@ def test_redis_pressure_keeps_pinned_pages(tmp_path):
 # -- mooncake -----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_mooncake_master_down(tmp_path):
-    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+    from pdsdk.connectors.stores.mooncake import MooncakeStore
 
     master = start_mooncake_master(tmp_path)
     try:
@@ -111,7 +111,7 @@ def test_mooncake_master_down(tmp_path):
 
 @pytest.mark.slow
 def test_mooncake_master_unreachable_at_start():
-    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+    from pdsdk.connectors.stores.mooncake import MooncakeStore
 
     t = time.monotonic()
     s = MooncakeStore(master=f"127.0.0.1:{free_port()}", segment_bytes=16 << 20, buffer_bytes=16 << 20,
@@ -123,7 +123,7 @@ def test_mooncake_master_unreachable_at_start():
 
 @pytest.mark.slow
 def test_mooncake_delete_right_after_get_despite_lease(mooncake_master):  # noqa: F811 - fixture
-    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+    from pdsdk.connectors.stores.mooncake import MooncakeStore
 
     s = MooncakeStore(**mooncake_options(mooncake_master))
     ks, ps = keys(3, "lease"), pages(3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pdsdk.connectors.stores import vllm_hash
-from pdsdk.connectors.stores.keys import KeySpace, sglang_event_int, sglang_page_hashes
+from pdsdk.connectors.stores.common import vllm_hash
+from pdsdk.connectors.stores.common.keys import KeySpace, sglang_event_int, sglang_page_hashes
 from pdsdk.kv import KVLayout
 
 TOKENS = list(range(1000, 1040))

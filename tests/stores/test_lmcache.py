@@ -13,8 +13,8 @@ from stores.servers import lmcache_options
 
 from helpers import eventually, read_pages
 
-from pdsdk.connectors.stores import lmcache_worker
-from pdsdk.connectors.stores.lmcache import LMCacheStore, runtime
+from pdsdk.connectors.stores.lmcache import worker as lmcache_worker
+from pdsdk.connectors.stores.lmcache.store import LMCacheStore, runtime
 from pdsdk.errors import MissingDependency
 
 

@@ -21,7 +21,7 @@ def keys(n, salt):
 
 @pytest.fixture
 def redis_store(redis_server):  # noqa: F811 - fixture
-    from pdsdk.connectors.stores.redis_store import RedisStore
+    from pdsdk.connectors.stores.redis import RedisStore
 
     s = RedisStore(url=f"redis://127.0.0.1:{redis_server.port}/0", prefix=f"t{os.urandom(4).hex()}:")
     yield s
@@ -80,7 +80,7 @@ def test_redis_page_of_another_size_is_bad_and_not_fetched_whole(redis_store):
 
 @pytest.fixture
 def mooncake_store(mooncake_master):  # noqa: F811 - fixture
-    from pdsdk.connectors.stores.mooncake_store import MooncakeStore
+    from pdsdk.connectors.stores.mooncake import MooncakeStore
 
     s = MooncakeStore(**mooncake_options(mooncake_master))
     yield s
@@ -112,7 +112,7 @@ MOONCAKE_DAMAGE = {
 
 @pytest.mark.parametrize("kind", sorted(MOONCAKE_DAMAGE))
 def test_mooncake_bad_object_is_a_miss_deleted_and_counted(mooncake_store, kind):
-    from pdsdk.connectors.stores.remote_record import HEADER_SIZE
+    from pdsdk.connectors.stores.common.remote_record import HEADER_SIZE
 
     s = mooncake_store
     ks = keys(3, f"bad-{kind}")

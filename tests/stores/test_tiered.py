@@ -81,5 +81,5 @@ def test_demoted_pages_keep_their_hints(tmp_path):
     s.put(keys(2, "new"), [os.urandom(PAGE) for _ in range(2)])
     disk = s.tiers[1]
     assert disk.contains(low) == 2
-    assert disk._retention._entries[low[0]].rank == (True, -3)
+    assert disk._eviction._entries[low[0]].rank == (True, -3)
     s.close()

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 from helpers import span_digest
-from pdsdk.connectors.transports.buffers import allocate
-from pdsdk.connectors.transports.peer import PeerProcess
+from pdsdk.connectors.transports.common.buffers import allocate
+from pdsdk.testing.peer import PeerProcess
 
 from pdsdk.errors import ConfigError
 from pdsdk.kv import KVLayout, page_spans

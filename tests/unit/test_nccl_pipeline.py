@@ -31,7 +31,7 @@ def _spec():
 
 
 def make_transport(**options):
-    from pdsdk.connectors.transports.buffers import allocate
+    from pdsdk.connectors.transports.common.buffers import allocate
 
     t = _spec().load()(name="nccl", layout=KVLayout(**LAYOUT), transfer_timeout_s=DEADLINE_S, **options)
     buf, region = allocate(NBYTES)
@@ -41,7 +41,7 @@ def make_transport(**options):
 
 @pytest.fixture(scope="module")
 def pair():
-    from pdsdk.connectors.transports.peer import PeerProcess
+    from pdsdk.testing.peer import PeerProcess
 
     t, buf = make_transport(**OPTIONS)
     peer = PeerProcess("nccl", NBYTES, layout=LAYOUT, options=OPTIONS, timeout=DEADLINE_S)
@@ -54,7 +54,7 @@ def pair():
 
 def test_chunk_bounds_cut_rows_into_chunks_of_about_chunk_bytes():
     _spec()
-    from pdsdk.connectors.transports.nccl_pairs import chunk_bounds
+    from pdsdk.connectors.transports.nccl.pairs import chunk_bounds
 
     spans = page_spans(0, np.random.default_rng(1).permutation(1000)[:300], PAGE)
     bounds = chunk_bounds(spans, 64 << 10)
@@ -109,7 +109,7 @@ def test_chunked_transfers_in_flight_together(pair):
 
 
 def test_peer_killed_mid_chunked_transfer_fails_within_the_deadline():
-    from pdsdk.connectors.transports.peer import PeerProcess
+    from pdsdk.testing.peer import PeerProcess
 
     options = {"chunk_mb": 1 / 64}  # 16 KiB: hundreds of chunks in flight when the peer dies
     t, _buf = make_transport(**options)  # _buf owns the registered memory: keep it

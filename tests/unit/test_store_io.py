@@ -151,7 +151,7 @@ def test_a_store_outage_during_loads_costs_a_recompute_not_a_stall(redis_server,
     timeout."""
     from pdsdk.adapters.vllm.metadata import StorePages
     from pdsdk.adapters.vllm.store_path import StoreIO as VllmStoreIO
-    from pdsdk.connectors.stores.keys import KeySpace
+    from pdsdk.connectors.stores.common.keys import KeySpace
 
     from pdsdk.config import load_config
 
@@ -184,7 +184,7 @@ def test_a_store_outage_during_loads_costs_a_recompute_not_a_stall(redis_server,
 
 def test_the_scheduler_claims_a_block_only_once_its_save_landed():
     from pdsdk.adapters.vllm.store_path import StoreIO as VllmStoreIO
-    from pdsdk.connectors.stores.keys import KeySpace
+    from pdsdk.connectors.stores.common.keys import KeySpace
 
     caches = kv_cache()
     release = threading.Event()

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from pdsdk import ConfigError, KVLayout, Region, Span
-from pdsdk.connectors.transports.base import STATUS_DONE, STATUS_PENDING, Transport
-from pdsdk.connectors.transports.staging import prefer_staged
+from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.staging import prefer_staged
+from pdsdk.connectors.transports.common.status import STATUS_DONE, STATUS_PENDING
 
 LAYOUT = KVLayout(num_layers=1, num_kv_heads=1, head_dim=64, page_size=32)
 

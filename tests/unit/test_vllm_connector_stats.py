@@ -17,8 +17,8 @@ from pdsdk.adapters.vllm.metadata import PdsdkHandshake
 from pdsdk.adapters.vllm.stats import COUNTERS, LATENCIES, SAVED, PdsdkPromMetrics, PdsdkStats, StatsRecorder
 from pdsdk.adapters.vllm.store_path import StoreLookup, lookup_only, shared_spec
 from pdsdk.config import load_config
+from pdsdk.connectors.stores.common.keys import KeySpace
 from pdsdk.connectors.stores.factory import open_store
-from pdsdk.connectors.stores.keys import KeySpace
 
 KS = KeySpace(model="/models/tiny", layout="abc123", tp_rank=0, tp_size=1)
 

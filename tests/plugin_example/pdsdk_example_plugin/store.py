@@ -2,7 +2,7 @@
 
 import threading
 
-from pdsdk.connectors.stores.base import Store
+from pdsdk import Store
 
 
 class DictStore(Store):
@@ -15,7 +15,7 @@ class DictStore(Store):
         with self._lock:
             for key, page in zip(keys, pages):
                 self._pages[bytes(key)] = bytes(memoryview(page).cast("B"))
-        self._stats.add(puts=len(keys), bytes_in=sum(memoryview(p).nbytes for p in pages))
+        self.record_put(len(keys), sum(memoryview(p).nbytes for p in pages))
         return len(keys)
 
     def get(self, keys, out):
@@ -27,7 +27,7 @@ class DictStore(Store):
                     break
                 memoryview(buf).cast("B")[: len(page)] = page
                 hits, nbytes = hits + 1, nbytes + len(page)
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def contains(self, keys):

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-log = logging.getLogger("pdsdk.connectors.transports.nccl")
+log = logging.getLogger("pdsdk.connectors.transports.nccl.transport")
 
 
 @dataclass(eq=False)
@@ -101,30 +100,3 @@ def short_reason(e: BaseException) -> str:
     text = (str(e).strip().splitlines() or [""])[0]
     text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\] ", "", text).split(". This is typically")[0]
     return f"{type(e).__name__}: {text[:200]}"
-
-
-class StagingPool:
-    """Free contiguous buffers kept for reuse: first-touching fresh memory costs more than the copy."""
-
-    def __init__(self, limit: int):
-        self._free: list[tuple[str, Any]] = []
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def get(self, nbytes: int, device: str) -> Any:
-        with self._lock:
-            fits = [i for i, (d, b) in enumerate(self._free) if d == device and b.numel() >= nbytes]
-            if fits:
-                return self._free.pop(min(fits, key=lambda i: self._free[i][1].numel()))[1]
-        return torch.empty(-(-nbytes // (1 << 20)) << 20, dtype=torch.uint8, device=device)
-
-    def put(self, buf: Any) -> None:
-        if buf is None:
-            return
-        with self._lock:
-            if sum(b.numel() for _, b in self._free) + buf.numel() <= self._limit:
-                self._free.append((str(buf.device), buf))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()

@@ -54,12 +54,12 @@ def triton_works(device: int) -> bool:
 
 
 def copy_pages_triton(dst: Any, dst_idx: np.ndarray, src: Any, src_idx: np.ndarray) -> None:
-    """As staging.copy_pages for CUDA tensors of shape (pages, page_bytes), on the current stream."""
+    """As packing.copy_pages for CUDA tensors of shape (pages, page_bytes), on the current stream."""
     import torch
 
     page_bytes = dst.shape[1]
     if page_bytes % 8 or src.shape[1] != page_bytes:
-        from pdsdk.connectors.transports.staging import copy_pages
+        from pdsdk.connectors.transports.common.packing import copy_pages
 
         return copy_pages(dst, dst_idx, src, src_idx)
     words = page_bytes // 8

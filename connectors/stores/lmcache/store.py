@@ -7,10 +7,10 @@ Where LMCache runs:
   CUDA-flavoured wheels, transformers>=5.4 and setuptools<81, which a CPU engine venv may not
   take; `make test` builds `.venv/lmcache`). The interpreter is the `python` option, else
   $PDSDK_LMCACHE_PYTHON, else `<this venv>/lmcache/bin/python`. The worker runs
-  `lmcache_worker.py` (no pdsdk import), over a Unix socketpair carrying length-prefixed msgpack
+  `worker.py` (no pdsdk import), over a Unix socketpair carrying length-prefixed msgpack
   frames; calls are serialised by a lock (one request in flight; LMCache's own threads do the I/O).
 
-Either way the LMCache code is the same (`lmcache_worker.LMCacheBackend`). A worker that dies or
+Either way the LMCache code is the same (`worker.LMCacheBackend`). A worker that dies or
 stops answering within `timeout_s` is killed; calls answer misses (counting an error) and a new
 worker starts in the background, with backoff; its CPU tier starts empty.
 
@@ -33,8 +33,9 @@ from typing import Any
 
 import msgspec
 
-from pdsdk.connectors.stores import lmcache_worker
-from pdsdk.connectors.stores.base import Backoff, Buffer, Hints, Store, byte_view, copy_into, log
+from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, copy_into, log
+from pdsdk.connectors.stores.common.backoff import Backoff
+from pdsdk.connectors.stores.lmcache import worker as lmcache_worker
 from pdsdk.errors import ConfigError, MissingDependency
 
 WORKER = Path(lmcache_worker.__file__)
@@ -162,7 +163,7 @@ class LMCacheStore(Store):
                 return getattr(self._backend, op)(*args)
             except Exception as e:  # noqa: BLE001 - never into the engine
                 log.warning("%s: %s failed: %s", self.name, op, e)
-                self._record_error()
+                self.record_error()
                 return default
         with self._lock:
             worker = self._worker
@@ -173,12 +174,12 @@ class LMCacheStore(Store):
                 return worker.call([op, *args], self.timeout_s)
             except RuntimeError as e:  # the worker answered with an error: it is alive
                 log.warning("%s: %s failed in the LMCache worker: %s", self.name, op, e)
-                self._record_error()
+                self.record_error()
                 return default
             except (OSError, ValueError, msgspec.DecodeError) as e:
                 log.warning("%s: LMCache worker lost during %s (%s); answering misses, restarting it",
                             self.name, op, e)
-                self._record_error()
+                self.record_error()
                 self._worker = None
                 worker.kill()
                 self._backoff.failed()
@@ -228,7 +229,7 @@ class LMCacheStore(Store):
         if not keys:
             return 0
         stored = self._call("put", [keys, views], 0)
-        self._record_put(stored, sum(len(v) for v in views[:stored]))
+        self.record_put(stored, sum(len(v) for v in views[:stored]))
         return stored
 
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
@@ -255,7 +256,7 @@ class LMCacheStore(Store):
                 if not sink(i, page):
                     break
                 hits += 1
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def contains(self, keys: Sequence[bytes]) -> int:

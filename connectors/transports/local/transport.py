@@ -11,114 +11,27 @@ Works only between processes on one host (checked at connect); use nixl or moonc
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pdsdk.connectors.transports.base import (
-    STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, TransportError, failed,
-)
-from pdsdk.connectors.transports.buffers import cuda_index
-from pdsdk.connectors.transports.control import ControlChannel
-from pdsdk.connectors.transports.futures import all_of, byte_parts
+from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.buffers import cuda_index
+from pdsdk.connectors.transports.common.control import ControlChannel
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.futures import all_of, byte_parts
+from pdsdk.connectors.transports.common.status import STATUS_DONE, STATUS_PENDING, TransferStatus, failed
+from pdsdk.connectors.transports.local.cma import MAX_CALL_BYTES, cma_copy, host_identity
+from pdsdk.connectors.transports.local.cuda_ipc import CudaIpc
+from pdsdk.errors import TransportError
 from pdsdk.kv import Region, span_addresses, split_spans
 
 log = logging.getLogger(__name__)
-
-IOV_MAX = 1024
-MAX_CALL_BYTES = 1 << 30  # the kernel moves at most ~2 GiB per call
-_libc = ctypes.CDLL(None, use_errno=True)
-for _fn in (_libc.process_vm_readv, _libc.process_vm_writev):
-    _fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    _fn.restype = ctypes.c_ssize_t
-
-
-def host_identity() -> str:
-    """Same value in two processes iff they can reach each other's memory: boot id + pid namespace."""
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
-
-
-def _cma(op: str, pid: int, laddr: np.ndarray, raddr: np.ndarray, lengths: np.ndarray) -> None:
-    """Move (local address, remote address, length) triples, IOV_MAX per system call."""
-    call = _libc.process_vm_readv if op == "READ" else _libc.process_vm_writev
-    for start in range(0, len(lengths), IOV_MAX):
-        n = slice(start, start + IOV_MAX)
-        liov = np.ascontiguousarray(np.column_stack((laddr[n], lengths[n])), dtype=np.uint64)
-        riov = np.ascontiguousarray(np.column_stack((raddr[n], lengths[n])), dtype=np.uint64)
-        want = int(lengths[n].sum())
-        done = call(pid, liov.ctypes.data, len(liov), riov.ctypes.data, len(riov), 0)
-        if done < 0:
-            err = ctypes.get_errno()
-            if err == errno.ESRCH:
-                raise ConnectionError(f"peer process {pid} is gone")
-            raise OSError(err, f"{call.__name__} with pid {pid}: {os.strerror(err)}")
-        if done != want:  # partial: only when part of the peer's range is unmapped
-            raise OSError(errno.EFAULT, f"{call.__name__} moved {done} of {want} bytes; peer memory unmapped?")
-
-
-class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]  # cudaIpcMemHandle_t, passed by value to open
-
-
-class _CudaIpc:
-    """CUDA IPC through the runtime and driver libraries that torch already loaded."""
-
-    def __init__(self) -> None:
-        import torch
-
-        torch.cuda.init()
-        self.torch = torch
-        self.cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
-        self.cudart.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(_IpcHandle), ctypes.c_void_p]
-        self.cudart.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), _IpcHandle, ctypes.c_uint]
-        self.cudart.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
-        self.cuda = ctypes.CDLL("libcuda.so.1")
-        self.cuda.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
-                                                      ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
-        self.opened: dict[bytes, int] = {}
-
-    def export(self, region: Region) -> dict[str, Any]:
-        """IPC handle of the allocation holding the region, and the region's offset in it."""
-        with self.torch.cuda.device(cuda_index(region.device)):
-            base, size = ctypes.c_uint64(), ctypes.c_size_t()
-            self._check(self.cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), region.addr),
-                        "cuMemGetAddressRange")
-            handle = _IpcHandle()
-            self._check(self.cudart.cudaIpcGetMemHandle(ctypes.byref(handle), base.value), "cudaIpcGetMemHandle")
-        return {"handle": ctypes.string_at(ctypes.byref(handle), 64), "offset": region.addr - base.value}
-
-    def open(self, exported: dict[str, Any], device: int) -> int:
-        """Address, in this process, of the peer's region."""
-        key = exported["handle"]
-        if key not in self.opened:
-            with self.torch.cuda.device(device):
-                ptr = ctypes.c_void_p()
-                handle = _IpcHandle()
-                ctypes.memmove(ctypes.byref(handle), key, 64)
-                self._check(self.cudart.cudaIpcOpenMemHandle(ctypes.byref(ptr), handle, 1),  # lazy peer access
-                            "cudaIpcOpenMemHandle")
-            self.opened[key] = ptr.value
-        return self.opened[key] + exported["offset"]
-
-    def close(self) -> None:
-        for ptr in self.opened.values():
-            self.cudart.cudaIpcCloseMemHandle(ptr)
-        self.opened.clear()
-
-    @staticmethod
-    def _check(rc: int, what: str) -> None:
-        if rc != 0:
-            raise TransportError(f"{what} failed with CUDA error {rc}")
-
 
 GPU_KERNELS = ("auto", "triton", "torch")
 
@@ -142,7 +55,7 @@ class LocalTransport(Transport):
         self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._control = ControlChannel(self.agent, self.host, self._on_message)
         self._pool = ThreadPoolExecutor(int(self.options["threads"]), thread_name_prefix=f"pdsdk-local-{self.agent}")
-        self._ipc: _CudaIpc | None = None
+        self._ipc: CudaIpc | None = None
         self._exports: list[dict[str, Any] | None] = []
         self._gpu_streams: dict[int, Any] = {}
         self._views: dict[tuple[int, int, int], Any] = {}
@@ -162,10 +75,10 @@ class LocalTransport(Transport):
             else:
                 self._exports.append(self._cuda().export(r))
 
-    def _cuda(self) -> _CudaIpc:
+    def _cuda(self) -> CudaIpc:
         with self._lock_ipc:
             if self._ipc is None:
-                self._ipc = _CudaIpc()
+                self._ipc = CudaIpc()
             return self._ipc
 
     def _metadata(self) -> dict[str, Any]:
@@ -207,7 +120,7 @@ class LocalTransport(Transport):
         local, remote = split_spans(local, remote, min(part, MAX_CALL_BYTES))
         laddr, raddr = span_addresses(local, self.regions), span_addresses(remote, peer.regions)
         lengths = local[:, 2].astype(np.uint64)
-        return all_of([self._pool.submit(_cma, op, pid, laddr[p], raddr[p], lengths[p])
+        return all_of([self._pool.submit(cma_copy, op, pid, laddr[p], raddr[p], lengths[p])
                        for p in byte_parts(local[:, 2], threads)])
 
     def _post_pages(self, op: str, peer: Peer, local_region: int, local_pages: np.ndarray, remote_region: int,
@@ -246,11 +159,11 @@ class LocalTransport(Transport):
 
     def _page_copier(self, device: int) -> Any:
         """dst[dst_idx] = src[src_idx] for page-shaped GPU tensors, by the configured kernel."""
-        from pdsdk.connectors.transports.staging import copy_pages
+        from pdsdk.connectors.transports.common.packing import copy_pages
 
         kernel = self.options["gpu_kernel"]
         if kernel != "torch":
-            from pdsdk.connectors.transports.gpu_copy import copy_pages_triton, triton_works
+            from pdsdk.connectors.transports.local.triton_copy import copy_pages_triton, triton_works
 
             if triton_works(device):
                 self.options["gpu_kernel"] = "triton"
@@ -262,7 +175,7 @@ class LocalTransport(Transport):
 
     def _view(self, addr: int, length: int, device: int) -> Any:
         """Cached tensor over a region: making one from a raw pointer costs more than a small copy."""
-        from pdsdk.connectors.transports.buffers import torch_view
+        from pdsdk.connectors.transports.common.buffers import torch_view
 
         key = (addr, length, device)
         view = self._views.get(key)
@@ -272,7 +185,7 @@ class LocalTransport(Transport):
 
     def _copy_gpu(self, op: str, peer: Peer, local: np.ndarray, remote: np.ndarray) -> Future:
         """Few runs: one copy each (no temporary). Many: one gather/scatter kernel pair per region pair."""
-        from pdsdk.connectors.transports.staging import common_page, page_indices
+        from pdsdk.connectors.transports.common.packing import common_page, page_indices
 
         torch = self._cuda().torch
         device = cuda_index(self.regions[int(local[0, 0])].device)
@@ -309,7 +222,7 @@ class LocalTransport(Transport):
         future.event = event  # polled, not waited
         return future
 
-    def _poll(self, backend: Any) -> Status:
+    def _poll(self, backend: Any) -> TransferStatus:
         future, peer, notify = backend
         event = getattr(future, "event", None)
         if event is not None:

@@ -1,13 +1,15 @@
-"""A transport peer in its own process, driven over stdin/stdout with JSON lines.
+"""The other side of a transfer for tests and benchmarks: a transport with one registered region,
+driven by commands.
 
-Used by the conformance tests and `pdsdk bench transport`: the other side of every transfer
-is a real separate process. Commands (one JSON object per line, one reply each):
+`start_peer` runs it where the transport can reach it: in its own interpreter (`PeerProcess`, the
+real case), or in this process for transports whose peers live in one process (`IN_PROCESS`, such
+as `fake`: `InProcessPeer`). Both answer the same commands, one reply each:
   {"cmd": "fill", "seed": 1}                     fill the region with seeded random bytes
   {"cmd": "digest", "spans": [[region, offset, length], ...]}   sha256 of those bytes
   {"cmd": "connect", "descriptor": b64}          connect to another peer (for peer-initiated ops)
   {"cmd": "notifications"}                       notifications received so far
   {"cmd": "stats"} / {"cmd": "exit"}
-The first line written is {"descriptor": b64, "pid": N}.
+A peer process speaks JSON lines on stdin/stdout; the first line it writes is {"descriptor": b64, "pid": N}.
 """
 
 from __future__ import annotations
@@ -23,9 +25,40 @@ import msgspec
 
 os.environ.setdefault("UCX_MODULES", "^ib")  # see connectors/transports/nixl.py
 
-from pdsdk.connectors.transports.buffers import allocate, torch_view  # noqa: E402
+from pdsdk.connectors.transports.common.buffers import allocate, host_array, torch_view  # noqa: E402
+from pdsdk.connectors.transports.factory import open_transport  # noqa: E402
 from pdsdk.kv import KVLayout  # noqa: E402
-from pdsdk.plugins import registry  # noqa: E402
+
+SMALL_LAYOUT = {"num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "page_size": 32}  # 4 KiB pages
+
+
+class PeerSide:
+    """A transport with one region of `nbytes` on `device`, answering commands."""
+
+    def __init__(self, transport: str, nbytes: int, *, device: str = "cpu", layout: dict | None = None,
+                 options: dict | None = None, timeout: float = 30.0):
+        self.device = device
+        self.transport = open_transport(transport, layout=KVLayout(**{**SMALL_LAYOUT, **(layout or {})}),
+                                        transfer_timeout_s=timeout, **(options or {}))
+        self.buf, region = allocate(nbytes, device)
+        self.transport.register([region])
+        self.peers: list[Any] = []
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cmd = msg.get("cmd")
+        if cmd == "fill":
+            fill(self.buf, msg["seed"], self.device)
+            return {"ok": True}
+        if cmd == "digest":
+            return {"digest": digest(self.transport.regions, msg["spans"])}
+        if cmd == "connect":
+            self.peers.append(self.transport.connect(base64.b64decode(msg["descriptor"])))
+            return {"ok": True}
+        if cmd == "notifications":
+            return {"notifications": [[a, base64.b64encode(m).decode()] for a, m in self.transport.notifications()]}
+        if cmd == "stats":
+            return {"stats": self.transport.stats()}
+        return {"error": f"unknown command {cmd!r}"}
 
 
 def fill(buf: Any, seed: int, device: str) -> None:
@@ -44,13 +77,10 @@ def digest(regions: list, spans: list[list[int]]) -> str:
     h = hashlib.sha256()
     for region, offset, length in spans:
         r = regions[region]
-        view = torch_view(r.addr + offset, length, r.device) if r.device != "cpu" else None
-        if view is None:
-            from pdsdk.connectors.transports.buffers import host_array
-
+        if r.device == "cpu":
             h.update(host_array(r.addr + offset, length).tobytes())
         else:
-            h.update(view.cpu().numpy().tobytes())
+            h.update(torch_view(r.addr + offset, length, r.device).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -67,13 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    layout = KVLayout(**{"num_layers": 1, "num_kv_heads": 1, "head_dim": 64, "page_size": 32,
-                         **msgspec.json.decode(args.layout)})
-    cls = registry().load("transport", args.transport)
-    transport = cls(name=args.transport, layout=layout, transfer_timeout_s=args.timeout,
-                    **msgspec.json.decode(args.options))
-    buf, region = allocate(args.bytes, args.device)
-    transport.register([region])
+    side = PeerSide(args.transport, args.bytes, device=args.device, layout=msgspec.json.decode(args.layout),
+                    options=msgspec.json.decode(args.options), timeout=args.timeout)
 
     def reply(obj: dict) -> None:
         try:
@@ -82,39 +107,20 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # the parent is gone: nothing left to serve
             os._exit(0)
 
-    reply({"descriptor": base64.b64encode(transport.descriptor()).decode(), "pid": os.getpid()})
-    peers = []
+    reply({"descriptor": base64.b64encode(side.transport.descriptor()).decode(), "pid": os.getpid()})
     for line in sys.stdin:
         msg = msgspec.json.decode(line)
-        cmd = msg.get("cmd")
-        if cmd == "fill":
-            fill(buf, msg["seed"], args.device)
-            reply({"ok": True})
-        elif cmd == "digest":
-            reply({"digest": digest(transport.regions, msg["spans"])})
-        elif cmd == "connect":
-            peers.append(transport.connect(base64.b64decode(msg["descriptor"])))
-            reply({"ok": True})
-        elif cmd == "notifications":
-            reply({"notifications": [[a, base64.b64encode(m).decode()] for a, m in transport.notifications()]})
-        elif cmd == "stats":
-            reply({"stats": transport.stats()})
-        elif cmd == "exit":
+        if msg.get("cmd") == "exit":
             break
-        else:
-            reply({"error": f"unknown command {cmd!r}"})
-    transport.close()
+        reply(side.handle(msg))
+    side.transport.close()
     reply({"ok": True})
     out.flush()
     os._exit(0)  # skip interpreter teardown: native libraries' exit handlers are not ours to debug
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 class PeerProcess:
-    """The parent's handle on a peer process started with `python -m ...peer`."""
+    """The parent's handle on a peer process started with `python -m pdsdk.testing.peer`."""
 
     def __init__(self, transport: str, nbytes: int, *, device: str = "cpu", layout: dict | None = None,
                  options: dict | None = None, timeout: float = 30.0, env: dict | None = None):
@@ -122,7 +128,7 @@ class PeerProcess:
 
         # -P: do not put the working directory first on sys.path (a source checkout would shadow pdsdk)
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-        cmd = [sys.executable, *safe_path, "-m", "pdsdk.connectors.transports.peer", "--transport", transport,
+        cmd = [sys.executable, *safe_path, "-m", "pdsdk.testing.peer", "--transport", transport,
                "--bytes", str(nbytes), "--device", device, "--layout", msgspec.json.encode(layout or {}).decode(),
                "--options", msgspec.json.encode(options or {}).decode(), "--timeout", str(timeout)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -163,3 +169,36 @@ class PeerProcess:
                 stream.close()
             except OSError:
                 pass
+
+
+class InProcessPeer:
+    """The peer as an object of this process, with PeerProcess's interface; `kill` closes its transport."""
+
+    def __init__(self, transport: str, nbytes: int, **kwargs: Any):
+        self.side = PeerSide(transport, nbytes, **kwargs)
+        self.descriptor = self.side.transport.descriptor()
+        self.pid = os.getpid()
+
+    def call(self, cmd: str, **kwargs: Any) -> dict:
+        # Through JSON, as from a process: the caller sees the same types either way.
+        reply = msgspec.json.decode(msgspec.json.encode(self.side.handle({"cmd": cmd, **kwargs})))
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def kill(self) -> None:
+        self.side.transport.close()
+
+    close = kill
+
+
+def start_peer(transport: str, nbytes: int, **kwargs: Any) -> PeerProcess | InProcessPeer:
+    """The other side for `transport`: in its own process, or in this one when its peers must be."""
+    from pdsdk.plugins import registry
+
+    in_process = registry().load("transport", transport).IN_PROCESS
+    return (InProcessPeer if in_process else PeerProcess)(transport, nbytes, **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,13 +41,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pdsdk.connectors.transports.base import (
-    FAILED, STATUS_DONE, STATUS_PENDING, Descriptor, Peer, Status, Transport, TransportError, failed,
-)
-from pdsdk.connectors.transports.buffers import cuda_index, torch_view
-from pdsdk.connectors.transports.control import ControlChannel
-from pdsdk.connectors.transports.nccl_pairs import Op, Pair, Serial, StagingPool, chunk_bounds, short_reason
-from pdsdk.connectors.transports.staging import pack_spans
+from pdsdk.connectors.transports.base import Transport
+from pdsdk.connectors.transports.common.buffers import cuda_index
+from pdsdk.connectors.transports.common.control import ControlChannel
+from pdsdk.connectors.transports.common.descriptor import Descriptor, Peer
+from pdsdk.connectors.transports.common.status import FAILED, STATUS_DONE, STATUS_PENDING, TransferStatus, failed
+from pdsdk.connectors.transports.nccl.buffers import SpanTensors
+from pdsdk.connectors.transports.nccl.pairs import Op, Pair, Serial, chunk_bounds, short_reason
+from pdsdk.errors import TransportError
 from pdsdk.kv import Region, check_spans, split_spans
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,10 @@ class NcclTransport(Transport):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self._backend = "gloo"
-        self._views: list[Any] = []  # one uint8 tensor over each registered region
-        self._pack_views: list[Any] = []  # the same, as numpy arrays on host (packs twice as fast there)
         self._notes: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._pairs: dict[str, Pair] = {}
         self._pairs_lock = threading.Lock()
-        self._staging = StagingPool(int(self.options["staging_mb"]) << 20)
+        self._tensors = SpanTensors(int(self.options["staging_mb"]) << 20)
         # Port 0: the OS picks; peers learn the real one from the descriptor.
         self._store = dist.TCPStore(self.host, 0, None, True, timedelta(seconds=self.connect_timeout_s),
                                     wait_for_workers=False)
@@ -94,9 +93,7 @@ class NcclTransport(Transport):
         if True in on_gpu and not dist.is_nccl_available():
             raise TransportError("nccl: GPU regions need torch with NCCL; this torch has none")
         self._backend = "nccl" if True in on_gpu else "gloo"
-        views = [torch_view(r.addr, r.length, r.device) for r in regions]
-        self._views.extend(views)
-        self._pack_views.extend(v if v.is_cuda else v.numpy() for v in views)
+        self._tensors.add(regions)
 
     def _metadata(self) -> dict[str, Any]:
         return {"store_port": self._store.port, "control": self._control.address, "backend": self._backend,
@@ -217,8 +214,8 @@ class NcclTransport(Transport):
         o = Op(op, pair, notify)
         deadline = time.monotonic() + self.transfer_timeout_s
         local, remote, bounds = self._chunked(local, remote)
-        buf, o.staging = self._buffer(local)
-        parts = self._parts(local, bounds, buf)
+        buf, o.staging = self._tensors.contiguous(local)
+        parts = self._tensors.parts(local, bounds, buf)
         # Spans as raw int64 (thousands of pages: a list costs ms to encode and decode, this us); the
         # peer cuts them into the same chunks.
         request = {"op": "send" if op == "READ" else "recv", "pair": pair.id,
@@ -238,12 +235,12 @@ class NcclTransport(Transport):
                         works.append(pair.pg.recv([part], pair.peer_rank, o.tag + i))
                         continue
                     if o.staging is not None:
-                        self._pack(spans, part)  # while the chunks before it are on the wire
+                        self._tensors.pack(spans, part)  # while the chunks before it are on the wire
                     works.append(pair.pg.send([part], pair.peer_rank, o.tag + i))
         except Exception as e:
             pair.ops.pop(o.tag, None)
             if not works:  # else a posted chunk may still use it: left to the garbage collector
-                self._staging.put(o.staging)
+                self._tensors.pool.put(o.staging)
             if isinstance(e, TransportError):
                 raise
             self._break(pair, short_reason(e))
@@ -273,7 +270,7 @@ class NcclTransport(Transport):
         def landed(i: int) -> None:
             with o.lock:
                 if unpack is not None and not o.abandoned:
-                    self._pack(*unpack[i], out=True)
+                    self._tensors.pack(*unpack[i], out=True)
 
         self._drain(o.pair, works, deadline, landed)
 
@@ -292,7 +289,7 @@ class NcclTransport(Transport):
                         rest.wait(timedelta(seconds=1))
                 raise
 
-    def _poll(self, o: Op) -> Status:
+    def _poll(self, o: Op) -> TransferStatus:
         pair = o.pair
         if o.ack is not None and not o.ack[0]:
             return failed(f"peer {pair.agent}: {o.ack[1]}")
@@ -307,7 +304,7 @@ class NcclTransport(Transport):
             return failed(short_reason(o.future.exception()))
         return STATUS_PENDING
 
-    def _release(self, o: Op | None, status: Status) -> None:
+    def _release(self, o: Op | None, status: TransferStatus) -> None:
         if o is None:
             return
         o.pair.ops.pop(o.tag, None)
@@ -316,7 +313,7 @@ class NcclTransport(Transport):
         with o.lock:
             o.abandoned = True
             if o.future is not None and o.future.done():
-                self._staging.put(o.staging)  # a buffer still posted is left to the garbage collector
+                self._tensors.pool.put(o.staging)  # a buffer still posted is left to the garbage collector
             o.staging = o.future = None
 
     # --- acceptor -------------------------------------------------------------------------------
@@ -370,18 +367,18 @@ class NcclTransport(Transport):
             bounds = m.get("bounds", [0, len(spans)])
             if bounds[0] != 0 or bounds[-1] != len(spans) or any(a >= b for a, b in itertools.pairwise(bounds)):
                 raise TransportError(f"chunk bounds {bounds[:4]}... do not cut {len(spans)} spans")
-            buf, staging = self._buffer(spans)
-            parts = self._parts(spans, bounds, buf)
+            buf, staging = self._tensors.contiguous(spans)
+            parts = self._tensors.parts(spans, bounds, buf)
             for i, (chunk, part) in enumerate(parts):
                 if m["op"] == "send":
                     if staging is not None:
-                        self._pack(chunk, part)
+                        self._tensors.pack(chunk, part)
                     works.append(pair.pg.send([part], pair.peer_rank, tag + i))
                 else:
                     works.append(pair.pg.recv([part], pair.peer_rank, tag + i))
         except Exception as e:  # noqa: BLE001
             if not works:  # else a posted chunk may still use it: left to the garbage collector
-                self._staging.put(staging)
+                self._tensors.pool.put(staging)
             self._fail_request(pair, tag, e)
             return
         unpack = parts if m["op"] == "recv" and staging is not None else None
@@ -390,7 +387,7 @@ class NcclTransport(Transport):
     def _complete(self, pair: Pair, m: dict[str, Any], works: list[Any], staging: Any, unpack: list | None) -> None:
         def landed(i: int) -> None:
             if unpack is not None:
-                self._pack(*unpack[i], out=True)
+                self._tensors.pack(*unpack[i], out=True)
 
         try:
             self._drain(pair, works, time.monotonic() + self.transfer_timeout_s, landed)
@@ -398,7 +395,7 @@ class NcclTransport(Transport):
                 if m.get("notify") is not None:
                     self._notes.put((pair.agent, m["notify"]))
                 self._ack(pair, m["tag"], True)
-            self._staging.put(staging)  # only now: after a failure a chunk may still be posted
+            self._tensors.pool.put(staging)  # only now: after a failure a chunk may still be posted
         except Exception as e:  # noqa: BLE001
             self._fail_request(pair, m["tag"], e)
 
@@ -412,7 +409,7 @@ class NcclTransport(Transport):
             self._control.send(pair.control,
                                {"op": "ack", "pair": pair.id, "tag": tag, "ok": ok, "error": error})
 
-    # --- contiguous tensors over spans ----------------------------------------------------------
+    # --- chunks --------------------------------------------------------------------------------
 
     def _chunked(self, local: np.ndarray, remote: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Spans cut to at most one chunk per row, and the chunk bounds (row indices) of the transfer."""
@@ -423,27 +420,6 @@ class NcclTransport(Transport):
         if chunk and len(local) > 1:  # one run needs no staging, so nothing to overlap
             local, remote = split_spans(local, remote, chunk)
         return local, remote, chunk_bounds(local, chunk)
-
-    def _buffer(self, spans: np.ndarray) -> tuple[Any, Any]:
-        """One contiguous tensor for the spans: the span itself if it is one run, else staging."""
-        if len(spans) == 1:
-            r, o, n = spans[0].tolist()
-            return self._views[r][o:o + n], None
-        nbytes = int(spans[:, 2].sum())
-        staging = self._staging.get(nbytes, self.regions[int(spans[0, 0])].device)
-        return staging[:nbytes], staging
-
-    @staticmethod
-    def _parts(spans: np.ndarray, bounds: list[int], buf: Any) -> list[tuple[np.ndarray, Any]]:
-        """(spans, slice of buf) of every chunk."""
-        ends = np.concatenate(([0], np.cumsum(spans[:, 2]))).tolist()
-        return [(spans[a:b], buf[ends[a]:ends[b]]) for a, b in itertools.pairwise(bounds)]
-
-    def _pack(self, spans: np.ndarray, part: Any, out: bool = False) -> None:
-        """Gather spans into part, or (out) scatter part back to the spans."""
-        pack_spans(self._pack_views, spans, part if part.is_cuda else part.numpy(), unpack=out)
-        if out and part.is_cuda:
-            torch.cuda.current_stream(part.device).synchronize()  # "done" means the bytes are in place
 
     # --- the rest -------------------------------------------------------------------------------
 
@@ -472,5 +448,5 @@ class NcclTransport(Transport):
             thread.join(max(0.0, end - time.monotonic()))
         for pair in pairs:
             pair.pg = None  # no global teardown: there is no default group
-        self._staging.clear()
+        self._tensors.pool.clear()
         self._store = None

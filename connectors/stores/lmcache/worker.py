@@ -4,7 +4,7 @@ This file imports nothing from pdsdk (only the standard library, msgspec, torch 
 it runs in two ways:
 - imported, when `lmcache` is importable in the engine's interpreter: `LMCacheBackend` is used
   directly by `pdsdk.connectors.stores.lmcache.LMCacheStore`;
-- as a script, `python -P lmcache_worker.py FD`, from a separate venv that has LMCache (LMCache
+- as a script, `python -P worker.py FD`, from a separate venv that has LMCache (LMCache
   0.5.6 needs CUDA-flavoured wheels, transformers>=5.4 and setuptools<81). FD is the child end of
   a Unix socketpair; frames are a 4-byte big-endian length and a msgpack body (msgspec; no pickle).
   Request: [op, arg...]. Reply: [true, result] or [false, "error text"]. The first frame the worker

@@ -40,7 +40,7 @@ class _Entry:
         self.expires = now + hints.ttl_s if hints.ttl_s is not None else None
 
 
-class Retention:
+class EvictionOrder:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._entries: dict[bytes, _Entry] = {}

@@ -20,7 +20,7 @@ truncated record is a miss plus a log line and is dropped, never wrong bytes.
 Delete and eviction set the record's state byte to dead in place (it is outside the header
 checksum, and no flip of a few bits makes a dead byte live), so a reopened store does not bring
 them back; a segment left with no live record is unlinked. `capacity_bytes` bounds the segment files, dead records included. To make room a put
-evicts pages in retention.py's order (expired, keep=False, low priority, LRU; never pinned ones),
+evicts pages in common/eviction.py's order (expired, keep=False, low priority, LRU; never pinned ones),
 then reclaims dead space: empty segments go at once, others are compacted, those with the largest
 dead share first (live records read, the segment unlinked, the records appended again; a crash in
 between loses those pages, which a cache may). A full filesystem is handled the same way, with the
@@ -40,10 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
-from pdsdk.connectors.stores.disk_io import Shared, as_buffer, fitting, pwrite_all
-from pdsdk.connectors.stores.disk_record import HEADER_SIZE, KEEP, PIN, checksum, header
-from pdsdk.connectors.stores.disk_segment import (
-    SUFFIX,
+from pdsdk.connectors.stores.common.eviction import EvictionOrder
+from pdsdk.connectors.stores.disk.index import Index
+from pdsdk.connectors.stores.disk.io import Shared, as_buffer, fitting, write_chunks
+from pdsdk.connectors.stores.disk.record import HEADER_SIZE, KEEP, PIN, checksum, header
+from pdsdk.connectors.stores.disk.segment import (
     Damaged,
     Rec,
     Segment,
@@ -53,13 +54,9 @@ from pdsdk.connectors.stores.disk_segment import (
     open_segments,
     read_record,
 )
-from pdsdk.connectors.stores.retention import Retention
 
 MAX_SEGMENT = 64 << 20  # compaction holds one segment's live records in memory
 PARALLEL_BYTES = 128 << 10  # smaller batches: a thread hand-off costs more than it saves
-CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
-CHUNK_MAX = 1 << 20  # a chunk checksummed just before its write is still in the L2 cache
-CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
 BAD = -2  # a damaged record: a miss, and the record goes
 
 
@@ -77,12 +74,7 @@ class DiskStore(Store):
         # inside _wlock where both are held, and alone by get/contains/delete.
         self._wlock = threading.Lock()
         self._lock = threading.RLock()
-        self._retention = Retention()
-        self._index: dict[bytes, Rec] = {}
-        self._segments: dict[int, Segment] = {}
-        self._active: Segment | None = None  # the segment puts append to
-        self._disk = 0  # bytes of all segment files
-        self._next_id = 0
+        self._empty()
         self.root.mkdir(parents=True, exist_ok=True)
         # Helpers checksum a put's next chunks while the caller writes (Shared), and read and
         # check a large get's pages beside the caller.
@@ -91,179 +83,63 @@ class DiskStore(Store):
         self._reopen()
 
     # -- open -----------------------------------------------------------------------------------
+    def _empty(self) -> None:
+        self._eviction = EvictionOrder()
+        self._index = Index(self.root, self.name, self.segment_bytes, self.fsync, self._lock, self._eviction,
+                            self.record_error)
+
     def _reopen(self) -> None:
         """Index the records a previous process left, oldest segment first."""
         drop_old_layout(self.root, self.name)
         segments, found, errors = open_segments(self.root, self.name)
         for seg in segments:
-            self._segments[seg.id] = seg
-            self._disk += seg.size
-        self._next_id = segments[-1].id + 1 if segments else 0
+            self._index.segments[seg.id] = seg
+            self._index.disk += seg.size
+        self._index.next_id = segments[-1].id + 1 if segments else 0
         for _ in range(errors):
-            self._record_error()
+            self.record_error()
         offset = time.monotonic() - time.time()
         for key, seg, off, size, flags, priority, expires in found:
-            if key in self._index:  # an older copy whose dead mark a crash lost
-                mark_dead(self._unindex(key), self.name)
-            self._index_add(key, Rec(seg, off, size))
+            if key in self._index.recs:  # an older copy whose dead mark a crash lost
+                mark_dead(self._index.unindex(key), self.name)
+            self._index.add(key, Rec(seg, off, size))
             hints = Hints(priority=priority, pin=bool(flags & PIN), keep=bool(flags & KEEP))
-            self._retention.add(key, size, hints, expires=expires + offset if expires else None)
-        for seg in list(self._segments.values()):
+            self._eviction.add(key, size, hints, expires=expires + offset if expires else None)
+        for seg in list(self._index.segments.values()):
             if not seg.recs:
-                self._retire(seg)
-        if self._index:
-            log.info("%s: reopened %s: %d pages in %d segments", self.name, self.root, len(self._index),
-                     len(self._segments))
-
-    # -- segments and the index (callers hold _lock) ---------------------------------------------
-    def _index_add(self, key: bytes, rec: Rec) -> None:
-        self._index[key] = rec
-        rec.seg.recs[key] = rec
-        rec.seg.live += rec.size
-
-    def _unindex(self, key: bytes) -> Rec | None:
-        rec = self._index.pop(key, None)
-        if rec is not None:
-            del rec.seg.recs[key]
-            rec.seg.live -= rec.size
-        return rec
-
-    def _forget(self, key: bytes) -> Rec | None:
-        """Drop a page from the index, and its segment once empty: its record, if it was there."""
-        self._retention.remove(key)
-        rec = self._unindex(key)
-        if rec is not None and not rec.seg.recs and rec.seg is not self._active:
-            self._retire(rec.seg)
-        return rec
-
-    def _drop(self, keys) -> int:
-        """Forget pages and mark their records dead on disk (those whose segment is still there,
-        after all the keys: a delete of whole segments writes nothing); how many were stored."""
-        recs = [rec for rec in map(self._forget, keys) if rec is not None]
-        for rec in recs:
-            if not rec.seg.retired:
-                mark_dead(rec, self.name)
-        return len(recs)
-
-    def _retire(self, seg: Segment) -> None:
-        """Unlink a segment (its records are gone from the index or are being moved)."""
-        for key in list(seg.recs):
-            self._unindex(key)
-        del self._segments[seg.id]
-        if seg is self._active:
-            self._active = None
-        self._disk -= seg.size
-        seg.retired = True
-        try:
-            seg.path.unlink(missing_ok=True)
-        except OSError as e:
-            log.warning("%s: cannot remove %s: %s", self.name, seg.path, e)
-        if not seg.readers:
-            os.close(seg.fd)
-
-    def _open_segment(self) -> Segment:
-        path = self.root / f"{self._next_id:08x}{SUFFIX}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        if self.fsync:
-            dfd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        with self._lock:
-            seg = Segment(self._next_id, path, fd)
-            self._next_id += 1
-            self._segments[seg.id] = seg
-            old, self._active = self._active, seg
-            if old is not None and not old.recs:
-                self._retire(old)
-        return seg
-
-    def _append(self, parts: list, nbytes: int) -> tuple[Segment, int]:
-        """(_wlock held) Write records at the end of the open segment, starting a new one when it
-        is full: (segment, offset). Raises OSError, after cutting off what was partly written."""
-        seg = self._active
-        if seg is None or seg.size >= self.segment_bytes:
-            seg = self._open_segment()
-        off = seg.size
-        try:
-            pwrite_all(seg.fd, parts, off)
-            if self.fsync:
-                os.fdatasync(seg.fd)
-        except OSError:
-            try:
-                os.ftruncate(seg.fd, off)
-            except OSError:
-                with self._lock:  # nothing more goes after the garbage
-                    self._active = None
-                    seg.size = os.fstat(seg.fd).st_size
-                    self._disk += seg.size - off
-            raise
-        with self._lock:
-            seg.size += nbytes
-            self._disk += nbytes
-        return seg, off
+                self._index.retire(seg)
+        if self._index.recs:
+            log.info("%s: reopened %s: %d pages in %d segments", self.name, self.root, len(self._index.recs),
+                     len(self._index.segments))
 
     # -- room -----------------------------------------------------------------------------------
     def _make_room(self, extra: int, protect, limit: int) -> tuple[bool, list, list]:
         """(both locks held) Evict and reclaim until `extra` more bytes fit under `limit`:
         (fits, victims, [(key, page, hints)] to demote). Frees what it can when it cannot."""
         demote: list = []
-        over = self._disk + extra - limit
+        over = self._index.disk + extra - limit
         if over <= 0 or extra > limit:  # fits already, or never will
             return over <= 0, [], demote
-        dead = self._disk - self._retention.used
-        victims = self._retention.victims(max(over - dead, 0), protect)
+        dead = self._index.disk - self._eviction.used
+        victims = self._eviction.victims(max(over - dead, 0), protect)
         for v in victims:
-            rec = self._index.get(v.key)
+            rec = self._index.recs.get(v.key)
             if rec is not None and self._demote is not None and v.hints is not None:
                 buf = bytearray(rec.size - HEADER_SIZE - len(v.key))
                 if self._read(v.key, rec, memoryview(buf)) >= 0:
                     demote.append((v.key, buf, v.hints))
-        self._drop(v.key for v in victims)
+        self._index.drop(v.key for v in victims)
         # Reclaim: empty segments went with their last record; compact the rest, emptiest first.
-        for seg in sorted((s for s in self._segments.values() if s.live < s.size),
+        for seg in sorted((s for s in self._index.segments.values() if s.live < s.size),
                           key=lambda s: s.live / s.size):
-            if self._disk + extra <= limit:
+            if self._index.disk + extra <= limit:
                 break
             if not seg.retired:  # a compaction may have retired an empty open segment
-                self._compact(seg)
-        return self._disk + extra <= limit, victims, demote
-
-    def _compact(self, seg: Segment) -> None:
-        """(both locks held) Move a segment's live records to the open segment, then unlink it;
-        the records are held in memory in between, so this needs no room on disk."""
-        moving = []
-        for key, rec in sorted(seg.recs.items(), key=lambda kv: kv[1].off):
-            try:
-                data = os.pread(seg.fd, rec.size, rec.off)
-            except OSError as e:
-                data = str(e)
-            if len(data) == rec.size:
-                moving.append((key, data))  # checked when read, like any record
-            else:
-                self._retention.remove(key)
-                self._record_error()
-                log.warning("%s: cannot read a record to move from %s (%s); the page is lost", self.name,
-                            seg.path, data if isinstance(data, str) else "truncated")
-        self._retire(seg)
-        for i in range(0, len(moving), CHUNK_RECORDS):
-            part = moving[i:i + CHUNK_RECORDS]
-            sizes = [len(d) for _, d in part]
-            try:
-                into, off = self._append([d for _, d in part], sum(sizes))
-            except OSError as e:
-                self._record_error()
-                log.warning("%s: compaction lost %d pages: %s", self.name, len(part), e)
-                for key, _ in part:
-                    self._retention.remove(key)
-                continue
-            for (key, _), size in zip(part, sizes):
-                self._index_add(key, Rec(into, off, size))
-                off += size
+                self._index.compact(seg)
+        return self._index.disk + extra <= limit, victims, demote
 
     def _after_evict(self, victims: list, demote: list) -> None:
-        self._report_evictions(victims)
+        self.record_evictions(victims)
         if self._demote is not None:
             for key, page, hints in demote:
                 self._demote(key, memoryview(page), hints)
@@ -282,11 +158,11 @@ class DiskStore(Store):
         with self._lock:
             for i, key in enumerate(keys):
                 # content-addressed: a stored key holds the same bytes
-                if key not in seen and (key not in self._index or self._retention.expired(key)):
+                if key not in seen and (key not in self._index.recs or self._eviction.expired(key)):
                     todo.append(i)
                 seen.add(key)
         sizes = [HEADER_SIZE + len(keys[i]) + views[i].nbytes for i in todo]
-        chunks = self._chunks(sizes)
+        chunks = write_chunks(sizes, self.segment_bytes)
         crcs = Shared(lambda c: [checksum(views[todo[j]]) for j in range(*chunks[c])], len(chunks),
                        self._pool, self._helpers if sum(sizes) >= PARALLEL_BYTES else 0)
         written = 0  # how many of todo are stored, in order
@@ -295,7 +171,7 @@ class DiskStore(Store):
                 with self._lock:
                     want = fitting(sizes, self.capacity_bytes)  # more never fits
                     _, victims, demote = self._make_room(sum(sizes[:want]), batch, self.capacity_bytes)
-                    n = fitting(sizes, self.capacity_bytes - self._disk)
+                    n = fitting(sizes, self.capacity_bytes - self._index.disk)
                 self._after_evict(victims, demote)
                 if n < len(todo):
                     log.warning("%s: no room for %d of %d pages (capacity %d, the rest pinned or in this batch)",
@@ -319,46 +195,33 @@ class DiskStore(Store):
                     with self._lock:
                         for j in range(a, b):
                             key = keys[todo[j]]
-                            if key in self._index:  # an expired copy, or a concurrent put's
-                                self._drop([key])
-                            self._index_add(key, Rec(seg, off, sizes[j]))
-                            self._retention.add(key, sizes[j], hints)
+                            if key in self._index.recs:  # an expired copy, or a concurrent put's
+                                self._index.drop([key])
+                            self._index.add(key, Rec(seg, off, sizes[j]))
+                            self._eviction.add(key, sizes[j], hints)
                             off += sizes[j]
                         written = b
         finally:
             crcs.stop()
         stored = todo[written] if written < len(todo) else len(keys)  # the others were there already
-        self._record_put(stored, sum(views[i].nbytes for i in todo[:written]))
+        self.record_put(stored, sum(views[i].nbytes for i in todo[:written]))
         return stored
-
-    def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
-        """Split a batch into runs of pages written by one pwritev each: a quarter of the batch,
-        at least CHUNK_MIN, so that helpers checksum the next runs while one is written."""
-        target = min(self.segment_bytes, CHUNK_MAX, max(CHUNK_MIN, sum(sizes) // 4))
-        out, start, acc = [], 0, 0
-        for j, s in enumerate(sizes):
-            acc += s
-            if acc >= target or j + 1 - start >= CHUNK_RECORDS:
-                out.append((start, j + 1))
-                start, acc = j + 1, 0
-        if start < len(sizes):
-            out.append((start, len(sizes)))
-        return out
 
     def _write_chunk(self, parts: list, nbytes: int, batch: set) -> tuple[Segment, int] | None:
         """(_wlock held) Append a chunk; on a full filesystem, free twice its size and retry once."""
         for attempt in (1, 2):
             try:
-                return self._append(parts, nbytes)
+                return self._index.append(parts, nbytes)
             except OSError as e:
                 full = e.errno in (errno.ENOSPC, errno.EDQUOT)
                 if full and attempt == 1:
                     with self._lock:  # the filesystem holds no more than we have now
-                        freed, victims, demote = self._make_room(min(2 * nbytes, self._disk), batch, self._disk)
+                        disk = self._index.disk
+                        freed, victims, demote = self._make_room(min(2 * nbytes, disk), batch, disk)
                     self._after_evict(victims, demote)
                     if victims or freed:
                         continue
-                self._record_error()
+                self.record_error()
                 log.warning("%s: cannot write %d bytes of pages to %s: %s", self.name, nbytes, self.root, e)
                 return None
         return None
@@ -391,20 +254,20 @@ class DiskStore(Store):
         bad = [(keys[i], recs[i]) for i, n in enumerate(got) if n == BAD]
         if bad:
             self._drop_bad(bad)
-        self._record_get(hits, len(keys), sum(got[:hits]))
+        self.record_get(hits, len(keys), sum(got[:hits]))
         return hits
 
     def _alive(self, key: bytes, touch: bool) -> Rec | None:
         """(_lock held) The page's record, or None when absent or expired (then dropped)."""
-        rec = self._index.get(key)
+        rec = self._index.recs.get(key)
         if rec is None:
             return None
-        if self._retention.expired(key):
-            self._drop([key])
-            self._record_evict(1, 0, "ttl")
+        if self._eviction.expired(key):
+            self._index.drop([key])
+            self.record_evict(1, 0, "ttl")
             return None
         if touch:
-            self._retention.touch(key)
+            self._eviction.touch(key)
         return rec
 
     def _read(self, key: bytes, rec: Rec, view: memoryview) -> int:
@@ -420,7 +283,7 @@ class DiskStore(Store):
 
     def _bad(self, why: str) -> int:
         log.warning("%s: %s; treated as a miss and dropped", self.name, why)
-        self._record_error()
+        self.record_error()
         return BAD
 
     def _drop_bad(self, bad: list) -> None:
@@ -429,7 +292,7 @@ class DiskStore(Store):
         bytes are all there gets a fresh dead header, so that a later scan can step over it."""
         with self._wlock, self._lock:  # _wlock: a put may be appending to that segment
             for key, rec in bad:
-                if self._index.get(key) is not rec:
+                if self._index.recs.get(key) is not rec:
                     continue  # stored again or dropped meanwhile
                 seg = rec.seg
                 try:
@@ -437,30 +300,11 @@ class DiskStore(Store):
                 except OSError:
                     size = seg.size
                 if size < seg.size:
-                    self._cut(seg, size)
-                if self._index.get(key) is rec:
-                    self._forget(key)
+                    self._index.cut(seg, size)
+                if self._index.recs.get(key) is rec:
+                    self._index.forget(key)
                     if not seg.retired:
                         bury(rec, key, self.name)
-
-    def _cut(self, seg: Segment, size: int) -> None:
-        """(both locks held) Cut a segment whose file is now `size` bytes at the last record
-        boundary before its end, dropping the records past it."""
-        past = [r.off for r in seg.recs.values() if r.off + r.size > size]
-        cut = min(past) if past else max((r.off + r.size for r in seg.recs.values()), default=0)
-        for k, r in list(seg.recs.items()):
-            if r.off >= cut:
-                self._forget(k)
-        if seg.retired:
-            return
-        try:
-            os.ftruncate(seg.fd, cut)
-        except OSError:
-            cut = size
-            if seg is self._active:
-                self._active = None  # nothing more goes after the torn record
-        self._disk -= seg.size - cut
-        seg.size = cut
 
     # -- the rest -------------------------------------------------------------------------------
     def contains(self, keys: Sequence[bytes]) -> int:
@@ -474,7 +318,7 @@ class DiskStore(Store):
 
     def delete(self, keys: Sequence[bytes]) -> int:
         with self._lock:
-            return self._drop(map(bytes, keys))
+            return self._index.drop(map(bytes, keys))
 
     def close(self) -> None:
         """Stop the pool and close the segment files; the pages stay for the next open."""
@@ -482,18 +326,15 @@ class DiskStore(Store):
             self._pool.shutdown(wait=True)
             self._pool = None
         with self._wlock, self._lock:
-            for seg in self._segments.values():
+            for seg in self._index.segments.values():
                 seg.retired = True
                 if not seg.readers:
                     os.close(seg.fd)
-            self._segments.clear()
-            self._index.clear()
-            self._retention = Retention()
-            self._active = None
-            self._disk = 0
+            self._empty()
 
     def stats(self) -> dict:
         with self._lock:
-            used, pages, disk, segments = self._retention.used, len(self._index), self._disk, len(self._segments)
+            index = self._index
+            used, pages, disk, segments = self._eviction.used, len(index.recs), index.disk, len(index.segments)
         return {**super().stats(), "used_bytes": used, "pages": pages, "disk_bytes": disk, "segments": segments,
                 "capacity_bytes": self.capacity_bytes, "path": str(self.root)}

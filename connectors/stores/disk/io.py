@@ -11,6 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pdsdk.connectors.stores.base import Buffer, byte_view
 
+CHUNK_MIN = 64 << 10  # pages per pwritev: at least this many bytes, at most CHUNK_RECORDS pages
+CHUNK_MAX = 1 << 20  # a chunk checksummed just before its write is still in the L2 cache
+CHUNK_RECORDS = 256  # two iovecs a page, under IOV_MAX (1024)
+
 
 def as_buffer(page: Buffer) -> memoryview:
     """A page as a memoryview for crc32 and pwritev (any contiguous buffer will do, which is
@@ -39,6 +43,21 @@ def pwrite_all(fd: int, parts: list, offset: int) -> None:
             i += 1
         if done:
             parts[i] = memoryview(parts[i]).cast("B")[done:]
+
+
+def write_chunks(sizes: list[int], segment_bytes: int) -> list[tuple[int, int]]:
+    """Split a batch into runs of pages written by one pwritev each: a quarter of the batch,
+    at least CHUNK_MIN, so that helpers checksum the next runs while one is written."""
+    target = min(segment_bytes, CHUNK_MAX, max(CHUNK_MIN, sum(sizes) // 4))
+    out, start, acc = [], 0, 0
+    for j, s in enumerate(sizes):
+        acc += s
+        if acc >= target or j + 1 - start >= CHUNK_RECORDS:
+            out.append((start, j + 1))
+            start, acc = j + 1, 0
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
 
 
 class Shared:

@@ -1,6 +1,6 @@
 """The disk store's segment files: a segment and its records in memory, opening a directory's
 segments and reading their records back (headers only), reading and verifying one record, marking
-records dead, and removing the pre-segment layout. The store (index, room, put/get) is in disk.py."""
+records dead, and removing the pre-segment layout. The index is in index.py, the store in store.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from pdsdk.connectors.stores.base import log
-from pdsdk.connectors.stores.disk_record import (
+from pdsdk.connectors.stores.disk.record import (
     DEAD,
     FIELDS,
     HEADER_SIZE,

@@ -8,7 +8,7 @@ Eviction is the server's. Run it with `maxmemory` and `maxmemory-policy volatile
 page gets an expiry (its ttl_s, else `default_ttl_s`) except pinned pages without a ttl_s, so the
 server never evicts those. Priority and keep=False are not enforced here (the server's LRU is).
 
-Values are remote_record.py's records: a header (length, checksum) before the page. `get` reads at
+Values are common/remote_record.py's records: a header (length, checksum) before the page. `get` reads at
 most one byte more than the buffer holds and checks the record (a page exactly the buffer's size);
 `contains` checks that the key holds a string whose length is the one its header declares. A bad
 value (wrong type, length or checksum) is a miss for both, and `get` deletes it and counts an error.
@@ -23,8 +23,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from pdsdk.connectors.stores.base import Backoff, Buffer, Hints, Store, byte_view, copy_into, log
-from pdsdk.connectors.stores.remote_record import HEADER_SIZE, declared_length, flaw, seal
+from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, copy_into, log
+from pdsdk.connectors.stores.common.backoff import Backoff
+from pdsdk.connectors.stores.common.remote_record import HEADER_SIZE, declared_length, flaw, seal
 
 _DOWN = (redis.ConnectionError, redis.TimeoutError)
 
@@ -54,12 +55,12 @@ class RedisStore(Store):
                 log.warning("%s: %s unreachable (%s); answering misses, reconnecting with backoff",
                             self.name, self.url, e)
             self._backoff.failed()
-            self._record_error()
+            self.record_error()
             return default
         except redis.RedisError as e:  # the server answered with an error (e.g. OOM): it is up
             log.warning("%s: %s failed: %s", self.name, what, e)
             self._backoff.succeeded()
-            self._record_error()
+            self.record_error()
             return default
         if self._backoff.down:
             log.info("%s: %s reachable again", self.name, self.url)
@@ -81,9 +82,9 @@ class RedisStore(Store):
         results = self._call("put", run, [])
         stored = next((i for i, r in enumerate(results) if r is not True), len(results))
         if stored < len(results):
-            self._record_error()
+            self.record_error()
             log.warning("%s: put stored %d of %d pages: %s", self.name, stored, len(results), results[stored])
-        self._record_put(stored, sum(len(v) for v in views[:stored]))
+        self.record_put(stored, sum(len(v) for v in views[:stored]))
         return stored
 
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
@@ -109,12 +110,12 @@ class RedisStore(Store):
                 break
             copy_into(view, payload)
             hits, nbytes = hits + 1, nbytes + len(payload)
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def _drop_bad(self, key: bytes, why: str) -> None:
         log.warning("%s: page %s %s; treated as a miss and deleted", self.name, key.hex()[-16:], why)
-        self._record_error()
+        self.record_error()
         self._call("delete", lambda: self._client.unlink(self._key(key)), 0)
 
     def contains(self, keys: Sequence[bytes]) -> int:

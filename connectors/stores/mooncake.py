@@ -3,7 +3,7 @@
 Each client contributes `segment_bytes` of its RAM to the pool and the master (`mooncake_master`,
 shipped in the wheel) places objects anywhere in it. Pages go straight from the caller's buffers
 (batch_put_from_multi_buffers / batch_get_into_multi_buffers, no intermediate copy in Python),
-each object a remote_record.py header then the page. A get whose object is not exactly header plus
+each object a common/remote_record.py header then the page. A get whose object is not exactly header plus
 buffer, or whose header or checksum is bad, is a miss: the object is deleted and an error counted.
 `contains` asks only whether the object exists; get finds bad ones (and then contains agrees).
 
@@ -27,7 +27,7 @@ import numpy as np
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 
 from pdsdk.connectors.stores.base import Buffer, Hints, Store, byte_view, log
-from pdsdk.connectors.stores.remote_record import HEADER_SIZE, flaw, seal
+from pdsdk.connectors.stores.common.remote_record import HEADER_SIZE, flaw, seal
 
 OBJECT_NOT_FOUND = -704
 OBJECT_HAS_LEASE = -706
@@ -104,7 +104,7 @@ class MooncakeStore(Store):
             log.warning("%s: mooncake master %s unreachable; answering misses", self.name, self.master)
             self._up.clear()
         if any(c < 0 and c not in (OBJECT_NOT_FOUND,) for c in codes):
-            self._record_error()
+            self.record_error()
 
     def _key(self, key: bytes) -> str:
         return self.prefix + bytes(key).hex()
@@ -134,7 +134,7 @@ class MooncakeStore(Store):
             [[HEADER_SIZE, len(v)] for v in views], self._replicate(hints))
         self._check(codes)
         stored = next((i for i, c in enumerate(codes) if c != 0), len(codes))
-        self._record_put(stored, sum(len(v) for v in views[:stored]))
+        self.record_put(stored, sum(len(v) for v in views[:stored]))
         return stored
 
     def get(self, keys: Sequence[bytes], out: Sequence[Buffer]) -> int:
@@ -152,12 +152,12 @@ class MooncakeStore(Store):
                     self._size_flaw(names[i], n, HEADER_SIZE + len(views[i]))
                 if why is not None:
                     log.warning("%s: page %s %s; treated as a miss and deleted", self.name, names[i], why)
-                    self._record_error()
+                    self.record_error()
                     self.delete([keys[i]])
                 if n <= 0 or why is not None:
                     break
                 hits, nbytes = hits + 1, nbytes + len(views[i])
-        self._record_get(hits, len(keys), nbytes)
+        self.record_get(hits, len(keys), nbytes)
         return hits
 
     def _size_flaw(self, name: str, got: int, want: int) -> str | None:

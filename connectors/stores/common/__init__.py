@@ -1,0 +1,1 @@
+"""What several stores share: keys, the host page pool, eviction order, remote records, backoff."""

@@ -1,0 +1,1 @@
+"""`disk`: pages in append-only segment files under a directory; see store.py."""

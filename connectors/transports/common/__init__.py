@@ -1,0 +1,1 @@
+"""What several transports share: memory views, the control channel, staging, status and descriptors."""
