@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-BENCHES = ("pdsdk.connectors.transports.bench", "pdsdk.connectors.stores.bench", "pdsdk.router.bench",
-           "pdsdk.adapters.vllm.bench", "pdsdk.adapters.common.bench", "pdsdk.matrix.bench")
+BENCHES = ("pdsdk.bench.transport", "pdsdk.bench.store", "pdsdk.bench.router",
+           "pdsdk.bench.connector", "pdsdk.bench.store_path", "pdsdk.bench.serve")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks: JSON out, a row in docs/benchmarks.md")
+    p = sub.add_parser("bench", help="benchmarks: JSON out (--json), a markdown row with --doc")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for module in BENCHES:
         importlib.import_module(module).register(bench_sub)

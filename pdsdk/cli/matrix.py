@@ -160,7 +160,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from pdsdk.benchlog import machine
+    from pdsdk.bench.log import machine
     from pdsdk.errors import ConfigError
     from pdsdk.matrix import report_html, report_md
     from pdsdk.matrix.runner import MatrixOptions, Runner, Status

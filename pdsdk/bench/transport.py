@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pdsdk.benchlog import append_rows, write_json
+from pdsdk.bench.log import append_rows, write_json
 
 MiB = 1 << 20
 log = logging.getLogger(__name__)

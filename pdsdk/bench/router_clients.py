@@ -1,5 +1,5 @@
 """Load clients of `pdsdk bench router --peer`: `wrk` (C, a Lua script for the POST body; it reads
-the SSE answers as chunked HTTP/1.1) when installed, else the lean Python client of loadgen.py.
+the SSE answers as chunked HTTP/1.1) when installed, else the lean Python client of pdsdk/testing/lean_worker.py.
 Both hold N keep-alive connections in a closed loop for a fixed time and report the same fields."""
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def _pct_ms(xs: list[float], q: float) -> float:
 
 
 def run_python(port: int, connections: int, seconds: int, body: dict) -> Load:
-    """The lean asyncio client (loadgen.run_load) in this process; its CPU time is this process's."""
-    from pdsdk.router.loadgen import event_loop_runner, run_load
+    """The lean asyncio client (lean_worker.run_load) in this process; its CPU time is this process's."""
+    from pdsdk.testing.lean_worker import event_loop_runner, run_load
 
     gc.collect()
     gc.disable()  # the client's own collector passes are not the router's latency

@@ -1,9 +1,9 @@
 """`pdsdk bench router --peer ...`: pdsdk's router and its Rust peers (vllm-router, sglang-router)
 in front of the same lean streaming workers, at the same connection counts, in one run.
 
-Each router in turn gets --workers lean workers (loadgen.py, one process each, shared by every
+Each router in turn gets --workers lean workers (pdsdk/testing/lean_worker.py, one process each, shared by every
 router of the run), round robin by default, and a closed loop of N keep-alive connections for
---duration seconds per level from wrk or the lean Python client (bench_clients.py). Recorded per
+--duration seconds per level from wrk or the lean Python client (router_clients.py). Recorded per
 (router, connections): requests/s, p50/p99 latency of the whole streamed answer, the CPU time
 of the router's whole process tree per request (/proc), errors, and the ratio to the best peer's
 requests/s (and p99) at the same level. A peer that is not installed is skipped, with the reason
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pdsdk.router import bench_clients
-from pdsdk.router.bench_procs import cpu_s, spawn, stop, tree_cpu_s, wait_answering
+from pdsdk.bench import router_clients as bench_clients
+from pdsdk.bench.router_procs import cpu_s, spawn, stop, tree_cpu_s, wait_answering
 
 PEERS = ("vllm-router", "sglang-router")
 SECTION = "Router and its peers (`pdsdk bench router --peer`)"
@@ -155,7 +155,7 @@ def compare(args, say=print) -> list[dict[str, Any]]:
     try:
         for i in range(args.workers):
             port = free_port()
-            worker = [sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(port),
+            worker = [sys.executable, "-m", "pdsdk.testing.lean_worker", "--port", str(port),
                       "--chunks", str(args.tokens)]
             workers.append(spawn(worker, port, log=f"{logs}/worker{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
@@ -191,7 +191,7 @@ def report(args, records: list[dict[str, Any]], console) -> int:
     """The table on the console and, with --doc, rows in its section; the exit code."""
     from rich.table import Table
 
-    from pdsdk.benchlog import append_rows
+    from pdsdk.bench.log import append_rows
 
     loads = [x for r in records for x in r.get("loadavg_1m", [])]
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""

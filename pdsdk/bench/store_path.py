@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pdsdk.benchlog import append_rows, write_json
+from pdsdk.bench.log import append_rows, write_json
 
 SECTION = "Store path (`pdsdk bench store-path`)"
 
@@ -128,7 +128,7 @@ def run(args) -> int:
     if args.json_out:
         write_json(args.json_out, records)
     if args.doc:
-        from pdsdk.benchlog import machine
+        from pdsdk.bench.log import machine
 
         rows = [[time.strftime("%Y-%m-%d"), machine(), r["device"], r["store"], r["case"], r["blocks"],
                  r["gbps"], r["ceiling_gbps"], r["ratio_to_ceiling"], r["verified"]] for r in records]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdsdk.benchlog import append_rows, write_json
+from pdsdk.bench.log import append_rows, write_json
 
 SECTION = "Stores (`pdsdk bench store`)"
 BATCH = 16  # pages per put/get call, as an engine hands over a run of pages

@@ -1,6 +1,6 @@
 """`pdsdk bench router`: latency a request gains by going through the router, and KV index speed.
 
-Latency: a lean streaming worker (loadgen.py, its own process) answers N tokens; the same
+Latency: a lean streaming worker (pdsdk/testing/lean_worker.py, its own process) answers N tokens; the same
 streaming requests go to it directly and through a `pdsdk router` process, from a lean client
 (this process), in a closed loop at each concurrency level. Client, router and worker are three
 processes, so the router's CPU use is measured on its own (from /proc): "router CPU/req".
@@ -38,9 +38,9 @@ import sys
 import time
 from typing import Any
 
-from pdsdk.benchlog import append_rows, write_json
-from pdsdk.router import bench_clients, bench_peers
-from pdsdk.router.bench_procs import cpu_s, spawn, stop
+from pdsdk.bench.log import append_rows, write_json
+from pdsdk.bench import router_clients as bench_clients, router_peers as bench_peers
+from pdsdk.bench.router_procs import cpu_s, spawn, stop
 
 SECTION = "Router (`pdsdk bench router`)"
 
@@ -95,7 +95,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _measure(case: str, mode: str, port: int, streams: int, total: int, tokens: int,
              procs: dict[str, subprocess.Popen], stagger_s: float = 0.0) -> dict[str, Any]:
-    from pdsdk.router.loadgen import event_loop_runner, run_load
+    from pdsdk.testing.lean_worker import event_loop_runner, run_load
 
     body = {"model": "fake-model", "prompt": "benchmark prompt " * 16, "max_tokens": tokens, "stream": True}
     before = {k: cpu_s(p.pid) for k, p in procs.items()}
@@ -132,7 +132,7 @@ def _pair(args, tokens: int, itl_s: float):
     from pdsdk.ports import free_port
 
     wport, rport = free_port(), free_port()
-    worker = spawn([sys.executable, "-m", "pdsdk.router.loadgen", "--port", str(wport), "--chunks",
+    worker = spawn([sys.executable, "-m", "pdsdk.testing.lean_worker", "--port", str(wport), "--chunks",
                     str(tokens), "--token-delay", str(itl_s)], wport)
     try:
         argv = bench_peers.router_argv("pdsdk", rport, [f"http://127.0.0.1:{wport}"], args.policy, 1)

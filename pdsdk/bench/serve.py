@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pdsdk.benchlog import append_rows, machine
+from pdsdk.bench.log import append_rows, machine
 
 SECTION = "Serving (`pdsdk bench serve`)"
 KIND = "pdsdk-bench-serve"

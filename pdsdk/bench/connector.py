@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pdsdk.benchlog import append_rows, write_json
+from pdsdk.bench.log import append_rows, write_json
 
 
 def register(sub) -> None:

@@ -6,9 +6,9 @@ bench measures the router rather than its test doubles. The worker speaks just e
 POST /v1/completions and /v1/chat/completions (streamed as SSE over chunked encoding, one write
 per token, or whole), GET /health and GET /v1/models, and SGLang's GET /server_info and /model_info
 (and their /get_ forms), which sglang-router reads when it adds a worker. For PD semantics and fault
-injection the tests use fakeworker.py instead.
+injection the tests use fake_worker.py instead.
 
-Run the worker alone: python -m pdsdk.router.loadgen --port P [--chunks N] [--token-delay S].
+Run the worker alone: python -m pdsdk.testing.lean_worker --port P [--chunks N] [--token-delay S].
 """
 
 from __future__ import annotations
