@@ -12,9 +12,9 @@ import time
 
 import pytest
 from helpers import REQUIRE_ALL, run_cli
-from pdsdk.router import bench_clients, bench_peers
-from pdsdk.router.bench_procs import cpu_s, tree_cpu_s
-from pdsdk.router.loadgen import LeanWorker, run_load
+from pdsdk.bench import router_clients as bench_clients, router_peers as bench_peers
+from pdsdk.bench.router_procs import cpu_s, tree_cpu_s
+from pdsdk.testing.lean_worker import LeanWorker, run_load
 
 BODY = {"model": "fake-model", "prompt": "p", "max_tokens": 4, "stream": True}
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from pdsdk.router.http import upstream, worker_client as h1
 from pdsdk.router.http.worker_client import H1Error, H1Pool
-from pdsdk.router.loadgen import LeanWorker, run_load
+from pdsdk.testing.lean_worker import LeanWorker, run_load
 from pdsdk.testing.router_harness import Harness, eventually
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 6}
@@ -244,7 +244,7 @@ def test_lean_worker_and_client_through_the_router():
 def test_bench_index_speed_small():
     import argparse
 
-    from pdsdk.router.bench import index_speed
+    from pdsdk.bench.router import index_speed
 
     r = index_speed(argparse.Namespace(index_blocks=4096, block_size=16))
     assert r["blocks"] >= 4096 and r["events_per_s"] > 0 and r["events_per_cpu_s"] > 0 and r["lookups_per_s"] > 0

@@ -78,7 +78,7 @@ def test_no_command_prints_help():
 
 
 def test_bench_rows_go_into_the_sections_first_table(tmp_path):
-    from pdsdk.benchlog import append_rows
+    from pdsdk.bench.log import append_rows
 
     doc = tmp_path / "b.md"
     doc.write_text("# B\n\n## T\n\n| date | machine | x |\n|---|---|---|\n| old | m | 1 |\n\n### sub\n\n| a |\n|---|\n\n## U\n")
