@@ -187,6 +187,7 @@ def test_merge_keeps_the_later_file_per_cell():
     assert next(c for c in tier["cells"] if c["key"] == "vllm/1P1D/nixl/none")["status"] == "failed"
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_report_command_merges_files(tmp_path):
     for tier in ("cpu", "gpu"):
         (tmp_path / f"{tier}.json").write_text(json.dumps(record(tier)))

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from helpers import run_cli
 
 import pdsdk
@@ -50,6 +51,7 @@ def test_config_check_prints_resolved_config_and_fingerprint(tmp_path):
     assert f"fingerprint: {load_config('@' + str(tmp_path / 'c.yaml')).fingerprint()}" in out.stdout
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_doctor_reports_every_component():
     out = run_cli("doctor", "--json")
     assert out.returncode == 0, out.stderr
@@ -63,6 +65,7 @@ def test_doctor_reports_every_component():
     assert rows["python"]["status"] == "ok"
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_doctor_table_shows_install_hints_verbatim():
     out = run_cli("doctor")
     assert out.returncode == 0

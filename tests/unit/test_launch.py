@@ -176,6 +176,7 @@ def test_emit_k8s_is_schema_valid_and_round_trips_the_parts(tmp_path):
     assert env["PDSDK_ROUTER_PROCESSES"]["resourceFieldRef"]["resource"] == "requests.cpu"
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_emit_k8s_refuses_kv_events_and_restart_never_naming_the_option(tmp_path):
     out = run_cli("launch", "--engine", "vllm", "--model", "/m", "--policy", "kv_events", "--emit", "k8s", str(tmp_path))
     assert out.returncode != 0 and "--policy" in out.stderr + out.stdout and "kv_events" in out.stderr + out.stdout

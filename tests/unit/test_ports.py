@@ -53,6 +53,7 @@ def test_a_closed_servers_time_wait_does_not_block_a_restart_on_its_port():
     require_free("127.0.0.1", port, "--port")  # but a server with SO_REUSEADDR binds it
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_router_and_launch_name_a_taken_port_before_starting_anything():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

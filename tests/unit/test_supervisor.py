@@ -127,6 +127,7 @@ def test_the_launcher_gives_up_after_max_restarts_naming_the_worker(tmp_path):
         run.stop()
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_restart_never_stops_at_the_first_death_and_bad_options_are_named(tmp_path):
     run = Running(tmp_path, RestartPolicy(mode="never"))
     try:

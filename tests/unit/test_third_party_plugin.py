@@ -63,10 +63,12 @@ def test_the_example_store_passes_the_store_conformance_suite(plugin_site, tmp_p
     assert_passed(conformance("stores", "example_dict", plugin_site, tmp_path), "example_dict")
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_the_example_transport_passes_the_transport_conformance_suite(plugin_site, tmp_path):
     assert_passed(conformance("transports", "example_procmem", plugin_site, tmp_path), "example_procmem")
 
 
+@pytest.mark.slow  # a few seconds of subprocesses: the full suite
 def test_a_copy_of_the_fake_transport_is_a_plugin_that_passes_conformance(tmp_path):
     """How a newcomer starts a transport: copy fake.py, rename it, register it from a plugin module."""
     site = tmp_path / "site"
