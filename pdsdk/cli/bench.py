@@ -1,15 +1,14 @@
-"""`pdsdk bench ...`: each benchmark is a module with `register(subparsers)`, listed in BENCHES."""
+"""`pdsdk bench ...`: the benchmarks of pdsdk.bench, each registering its own subcommand."""
 
 from __future__ import annotations
 
 import importlib
 
-BENCHES = ("pdsdk.bench.transport", "pdsdk.bench.store", "pdsdk.bench.router",
-           "pdsdk.bench.connector", "pdsdk.bench.store_path", "pdsdk.bench.serve")
+from pdsdk.bench import BENCHES
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks: JSON out (--json), a markdown row with --doc")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in BENCHES:
-        importlib.import_module(module).register(bench_sub)
+    for name in BENCHES:
+        importlib.import_module(f"pdsdk.bench.{name}").register(bench_sub)
