@@ -45,13 +45,17 @@ from pdsdk.bench.router_procs import cpu_s, spawn, stop
 SECTION = "Router (`pdsdk bench router`)"
 
 
-def _seconds(least: int):
-    """argparse type: whole seconds (wrk takes no fractions), at least `least`."""
+def _whole(least: int, what: str):
+    """argparse type: a whole number of `what`, at least `least`."""
     def parse(text: str) -> int:
         if not text.isdigit() or int(text) < least:
-            raise argparse.ArgumentTypeError(f"whole seconds >= {least} expected, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{what} >= {least} expected, got {text!r}")
         return int(text)
     return parse
+
+
+def _seconds(least: int):
+    return _whole(least, "whole seconds")  # wrk takes no fractions
 
 
 def register(sub) -> None:
@@ -76,6 +80,9 @@ def register(sub) -> None:
                         "runs above")
     p.add_argument("--workers", type=int, default=4, help="--peer: lean worker processes (default 4)")
     p.add_argument("--duration", type=_seconds(1), default=10, help="--peer: seconds per level (default 10)")
+    p.add_argument("--rounds", type=_whole(1, "rounds"), default=1,
+                   help="--peer: turns each router takes per level; the median round is recorded (default 1; "
+                        "3-5 on a shared or noisy machine)")
     p.add_argument("--warmup", type=_seconds(0), default=1,
                    help="--peer: unrecorded seconds before each level (default 1)")
     p.add_argument("--client", choices=("wrk", "python"), default=bench_clients.default_client(),

@@ -1,9 +1,9 @@
 """`pdsdk bench router --peer ...`: pdsdk's router and its Rust peers (vllm-router, sglang-router)
 in front of the same lean streaming workers, at the same connection counts, in one run.
 
-Each router in turn gets --workers lean workers (pdsdk/testing/lean_worker.py, one process each, shared by every
-router of the run), round robin by default, and a closed loop of N keep-alive connections for
---duration seconds per level from wrk or the lean Python client (router_clients.py). Recorded per
+Every router sits in front of the same --workers lean workers (pdsdk/testing/lean_worker.py, one process
+each), round robin by default. Per level, the routers take turns (--rounds times) at a closed loop of N
+keep-alive connections for --duration seconds from wrk or the lean Python client (router_clients.py). Recorded per
 (router, connections): requests/s, p50/p99 latency of the whole streamed answer, the CPU time
 of the router's whole process tree per request (/proc), errors, and the ratio to the best peer's
 requests/s (and p99) at the same level. A peer that is not installed is skipped, with the reason
@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,7 +130,9 @@ def _measure(args, name: str, router: subprocess.Popen, port: int, connections: 
 
 
 def add_ratios(records: list[dict[str, Any]]) -> None:
-    """Each measured row's requests/s (and p99) over the best peer's at the same connections."""
+    """Each measured row's requests/s and p99 over the best peer's at the same connections. With
+    rounds, each ratio is the median of the rounds' own ratios: each round's pair ran back to back,
+    so the machine's slow spells cancel out."""
     best: dict[int, dict[str, Any]] = {}
     for r in records:
         if r["router"] in PEERS and "rps" in r and r["rps"] > best.get(r["connections"], {"rps": 0})["rps"]:
@@ -139,10 +142,24 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
         if b is not None and "rps" in r:
             r["ratio_to_best_peer"] = round(r["rps"] / b["rps"], 3)
             r["p99_ratio_to_best_peer"] = round(r["p99_ms"] / b["p99_ms"], 3) if b["p99_ms"] else None
+            for key, rounds in (("ratio_to_best_peer", "rounds_rps"), ("p99_ratio_to_best_peer", "rounds_p99_ms")):
+                paired = [x / y for x, y in zip(r.get(rounds, []), b.get(rounds, [])) if y]
+                if len(paired) > 1:
+                    r[key] = round(statistics.median(paired), 3)
+
+
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round of median requests/s stands for the level; every round's requests/s is kept beside it."""
+    rec = sorted(rounds, key=lambda r: r["rps"])[(len(rounds) - 1) // 2]
+    if len(rounds) == 1:
+        return rec
+    return {**rec, "rounds_rps": [r["rps"] for r in rounds], "rounds_p99_ms": [r["p99_ms"] for r in rounds]}
 
 
 def compare(args, say=print) -> list[dict[str, Any]]:
-    """pdsdk's router and each of args.peer, one after the other, in front of the same workers."""
+    """pdsdk's router and each of args.peer in front of the same workers. Every router is started
+    first; then per level they take turns, --rounds times, so a noisy machine's slow spells fall on
+    each of them alike, and the median round stands for each."""
     from pdsdk.ports import free_port
 
     levels = [int(s) for s in args.streams.split(",") if s]
@@ -150,7 +167,7 @@ def compare(args, say=print) -> list[dict[str, Any]]:
             "stream": True}
     probe = json.dumps({**body, "stream": False}).encode()
     logs = tempfile.mkdtemp(prefix="pdsdk-bench-router-")
-    workers, urls = [], []
+    workers, urls, routers = [], [], {}
     records: list[dict[str, Any]] = []
     try:
         for i in range(args.workers):
@@ -166,16 +183,18 @@ def compare(args, say=print) -> list[dict[str, Any]]:
                 say(f"skipped {name}: {argv}")
                 records.append({"router": name, "skipped": argv})
                 continue
-            router = spawn(argv, port, timeout_s=60, log=f"{logs}/{name}.log")
-            try:
-                wait_answering(port, probe, router)
-                for connections in levels:
-                    say(f"{name}: {connections} connections, {args.duration} s ({args.client})")
-                    records.append(_measure(args, name, router, port, connections, workers, body))
-            finally:
-                stop(router)
+            routers[name] = (spawn(argv, port, timeout_s=60, log=f"{logs}/{name}.log"), port)
+            wait_answering(port, probe, routers[name][0])
+        for connections in levels:
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in routers}
+            for i in range(args.rounds):
+                for name, (router, port) in routers.items():
+                    say(f"{name}: {connections} connections, {args.duration} s ({args.client})"
+                        + (f", round {i + 1}/{args.rounds}" if args.rounds > 1 else ""))
+                    rounds[name].append(_measure(args, name, router, port, connections, workers, body))
+            records += [_median_round(rs) for rs in rounds.values()]
     finally:
-        stop(*workers)
+        stop(*(router for router, _ in routers.values()), *workers)
     shutil.rmtree(logs, ignore_errors=True)  # kept when a run failed: the error names its log
     add_ratios(records)
     return records

@@ -102,6 +102,11 @@ class Response:
         return v.split(";", 1)[0].strip().lower() if v else "application/octet-stream"
 
     @property
+    def done(self) -> bool:
+        """The whole answer was received (its last body bytes may still be queued or in delivery)."""
+        return self._done
+
+    @property
     def content(self) -> Response:  # aiohttp-like spelling: resp.content.readany()
         return self
 

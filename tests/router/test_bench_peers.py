@@ -61,6 +61,20 @@ def test_ratios_to_the_best_peer_at_each_level():
     assert recs[0]["p99_ratio_to_best_peer"] == 2.0 and recs[2]["p99_ratio_to_best_peer"] == 0.5
 
 
+def test_rounds_median_and_paired_ratios():
+    def rounds(router, rps, p99):
+        return bench_peers._median_round([{"router": router, "connections": 50, "rps": x, "p99_ms": y}
+                                          for x, y in zip(rps, p99)])
+
+    # The machine slowed down during pdsdk's turn in round 3: the median rounds (900 and 1222.2) say
+    # 0.74, the rounds' own ratios say 0.9, 0.9 and 0.36, and their median stands.
+    recs = [rounds("pdsdk", [900, 1100, 450], [10, 10, 40]), rounds("vllm-router", [1000, 1222.2, 1250], [5, 5, 5])]
+    assert recs[0]["rps"] == 900 and recs[0]["rounds_rps"] == [900, 1100, 450] and recs[1]["rps"] == 1222.2
+    bench_peers.add_ratios(recs)
+    assert recs[0]["ratio_to_best_peer"] == 0.9 and recs[0]["p99_ratio_to_best_peer"] == 2.0
+    assert recs[1]["ratio_to_best_peer"] == 1.0
+
+
 def test_lean_worker_answers_what_sglang_router_asks_and_refuses_garbage():
     async def main():
         w = await LeanWorker(chunks=2).start()
@@ -130,7 +144,7 @@ def _args(**kw):
     import argparse
 
     base = {"streams": "1,4", "tokens": 4, "policy": "round_robin", "workers": 2, "duration": 1, "warmup": 0,
-            "client": "python", "client_threads": 1, "processes": 1, "peer": []}
+            "client": "python", "client_threads": 1, "processes": 1, "peer": [], "rounds": 1}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -160,7 +174,8 @@ def test_peer_in_the_same_run(peer):
     why = bench_peers.router_argv(peer, 1, [], "round_robin", 1)
     if isinstance(why, str):
         (pytest.fail if REQUIRE_ALL else pytest.skip)(why)
-    recs = bench_peers.compare(_args(streams="2", peer=[peer]), say=lambda *_: None)
-    _check(recs, "pdsdk", [2])
+    recs = bench_peers.compare(_args(streams="2", peer=[peer], rounds=2), say=lambda *_: None)
+    (mine,) = _check(recs, "pdsdk", [2])
     (row,) = _check(recs, peer, [2])
     assert row["ratio_to_best_peer"] == 1.0 and row["version"]
+    assert len(mine["rounds_rps"]) == len(row["rounds_rps"]) == 2 and mine["rps"] in mine["rounds_rps"]

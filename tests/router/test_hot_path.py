@@ -40,10 +40,18 @@ class Scripted:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET "):  # a router's health checks and model lookups: not part of the script
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"data\":[]}")
+                    continue
                 n = int(next(ln for ln in head.decode().split("\r\n") if ln.lower().startswith("content-length"))
                         .split(":")[1])
                 self.requests.append(head + await reader.readexactly(n))
                 reply = self.replies.pop(0)
+                if isinstance(reply, tuple):  # pieces, a pause before each (as tokens are generated)
+                    for piece in reply:
+                        await asyncio.sleep(0.05)
+                        writer.write(piece)
+                    continue
                 for i in range(0, len(reply), self.step):
                     writer.write(reply[i:i + self.step])
                     await writer.drain()
@@ -186,6 +194,58 @@ def test_stream_relayed_directly_and_for_http10_clients():
                 assert text.count("data: ") == 7 and calls == [True]  # no sink: the read/write loop
         finally:
             h1.Response.set_sink = orig
+    run(main())
+
+
+def test_writes_to_the_client_are_few(monkeypatch):
+    """System calls are the largest share of the router's CPU: an answer that came whole leaves in
+    one write (head, body, end of the chunked body), and a stream's last bytes leave with its end."""
+    from asyncio import selector_events
+
+    from pdsdk.router.config import RouterConfig
+    from pdsdk.router.server import start
+
+    events = [b"data: {\"n\": %d}\n\n" % i for i in range(3)]
+    piece = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    whole = chunked(*events)
+    head = whole[:whole.index(b"\r\n\r\n") + 4]
+    paced = (head + piece[0], piece[1], piece[2] + b"0\r\n\r\n")  # the worker's last event comes with its end
+    writes: list[int] = []  # the local port of each write's transport
+    T = selector_events._SelectorSocketTransport
+
+    def counted(orig):
+        def write(self, data):
+            if not getattr(self, "_counted", False):  # writelines may call write
+                writes.append(self.get_extra_info("sockname")[1])
+            self._counted = True
+            try:
+                return orig(self, data)
+            finally:
+                self._counted = False
+        return write
+
+    monkeypatch.setattr(T, "write", counted(T.write))
+    monkeypatch.setattr(T, "writelines", counted(T.writelines))
+
+    async def main():
+        worker = Scripted([whole, paced], step=1 << 20)
+        url = await worker.start()
+        _, runner, port = await start(RouterConfig(port=0, workers=[url], health_interval_s=60))
+        try:
+            for n in (1, 3):  # whole: one write; paced: head with the first event, the second, the last with the end
+                writes.clear()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                body = json.dumps({**BODY, "stream": True}).encode()
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                got = await asyncio.wait_for(reader.read(), 10)
+                writer.close()
+                assert got.startswith(b"HTTP/1.1 200") and got.endswith(events[2] + b"\r\n0\r\n\r\n"), got
+                assert writes.count(port) == n, writes
+        finally:
+            await runner.cleanup()
+            await worker.stop()
+
     run(main())
 
 
