@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -16,7 +15,7 @@ from pdsdk import plugins
 from pdsdk.router import metrics, pd_bodies
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.http.client_log import ThrottledLog
-from pdsdk.router.http.client_request import batch_size
+from pdsdk.router.http.client_request import batch_size, new_request_id
 from pdsdk.router.http.upstream import Retryable, open_stream, passthrough, post_json, read_all, relay
 from pdsdk.router.http.worker_client import H1Pool
 from pdsdk.router.policies.base import Choice, NoWorker, Policy, RouteRequest
@@ -207,7 +206,7 @@ class Orchestrator:
             return await self._single(request, plan.main, path, pd_bodies.vllm_plain_body(body, hints), req, deadline,
                                       judged)
         p = plan.prefill
-        rid = f"{req.request_id}-{uuid.uuid4().hex[:8]}"  # one id per attempt, same on both sides
+        rid = f"{req.request_id}-{new_request_id()[-8:]}"  # one id per attempt, same on both sides
         status, data = await post_json(self.client, p, path, pd_bodies.vllm_prefill_body(body, hints),
                                        self._headers(rid), self._first_timeout(True, deadline))
         p.breaker.record(True)

@@ -169,6 +169,7 @@ async def _no_route(request: web.Request, known: set[str]) -> web.Response:
 
 
 SHUTDOWN_GRACE_S = 5.0
+GC_YOUNG_THRESHOLD = 20_000
 KEEPALIVE_S, LINGER_S = 75.0, 2.0
 
 
@@ -223,6 +224,10 @@ def run(cfg: RouterConfig, link=None) -> None:
         # passes then walk only what requests hold, and stop the event loop that much shorter.
         gc.collect()
         gc.freeze()
+        # A request's objects die with it, by refcounting. Collecting the young generation every 700
+        # net allocations still caught them in flight (about 10 us of CPU per request at 50 streams);
+        # at 20,000 the collector runs when garbage really piles up.
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         if link is None:
             print(f"pdsdk router on http://{cfg.host}:{port} ({cfg.describe()})", flush=True)
         else:

@@ -18,10 +18,11 @@ best of 3 passes, wall clock and CPU time of the ingesting thread), then prefix 
 prompts against the filled index (lookups/s).
 
 Comparing with peers (--peer vllm-router,sglang-router; `pip install 'pdsdk[bench-peers]'`):
-instead of the runs above, pdsdk's router (--processes N of it) and each peer in turn sit in front
+instead of the runs above, pdsdk's router (--processes N of it, or one per count) and each peer sit in front
 of the same --workers lean workers (one process each), round robin, and get the same closed loop
 of 1/50/500 keep-alive connections (--streams) for --duration seconds from wrk (when installed;
---client python for the lean client). Per router and level: requests/s, p50/p99 of the whole
+--client python for the lean client), taking turns --rounds times per level (the median round is
+recorded, and the ratios are the medians of each round's own). Per router and level: requests/s, p50/p99 of the whole
 streamed answer, CPU us per request of the router's whole process tree (/proc), errors, and the
 ratio to the best peer's requests/s and p99 at that level. A peer that is not installed is
 skipped. `--peer none` runs pdsdk's router alone in the same setup.
@@ -52,6 +53,12 @@ def _whole(least: int, what: str):
             raise argparse.ArgumentTypeError(f"{what} >= {least} expected, got {text!r}")
         return int(text)
     return parse
+
+
+def _counts(text: str) -> list[int]:
+    """argparse type of --processes: whole numbers >= 1, comma-separated."""
+    parse = _whole(1, "processes")
+    return list(dict.fromkeys(parse(t.strip()) for t in text.split(",")))
 
 
 def _seconds(least: int):
@@ -89,7 +96,8 @@ def register(sub) -> None:
                    help="--peer: load client (default: wrk when installed, else python)")
     p.add_argument("--client-threads", type=int, default=min(4, max(1, (os.cpu_count() or 1) // 4)),
                    help="--peer: wrk threads (default: a quarter of the cores, 1 to 4)")
-    p.add_argument("--processes", type=int, default=1, help="--peer: processes of pdsdk's router (default 1)")
+    p.add_argument("--processes", type=_counts, default=[1],
+                   help="--peer: processes of pdsdk's router, or several counts (4,8,16: one router each; default 1)")
     p.add_argument("--json", dest="json_out", help="write the records to this file")
     p.add_argument("--doc", default="", help="markdown file to append rows to (e.g. docs/benchmarks.md; default: none)")
     p.set_defaults(func=run)

@@ -105,7 +105,7 @@ def _load(args, port: int, connections: int, seconds: int, body: dict) -> bench_
     return bench_clients.run_python(port, connections, seconds, body)
 
 
-def _measure(args, name: str, router: subprocess.Popen, port: int, connections: int,
+def _measure(args, name: str, processes: int, router: subprocess.Popen, port: int, connections: int,
              workers: list[subprocess.Popen], body: dict) -> dict[str, Any]:
     if args.warmup > 0:
         _load(args, port, connections, args.warmup, body)
@@ -114,7 +114,6 @@ def _measure(args, name: str, router: subprocess.Popen, port: int, connections: 
     res = _load(args, port, connections, args.duration, body)
     r1, w1 = tree_cpu_s(router.pid), [cpu_s(w.pid) for w in workers]
     n = max(res.requests, 1)
-    processes = args.processes if name == "pdsdk" else 1
     rec = {"router": name, "version": _version_of(name), "processes": processes,
            "connections": connections, "rps": round(res.requests / res.seconds, 1) if res.seconds else 0.0,
            "p50_ms": round(res.p50_ms, 3), "p99_ms": round(res.p99_ms, 3),
@@ -176,22 +175,24 @@ def compare(args, say=print) -> list[dict[str, Any]]:
                       "--chunks", str(args.tokens)]
             workers.append(spawn(worker, port, log=f"{logs}/worker{i}.log"))
             urls.append(f"http://127.0.0.1:{port}")
-        for name in ["pdsdk", *args.peer]:
+        for name, processes in [("pdsdk", n) for n in args.processes] + [(peer, 1) for peer in args.peer]:
             port = free_port()
-            argv = router_argv(name, port, urls, args.policy, args.processes)
+            argv = router_argv(name, port, urls, args.policy, processes)
             if isinstance(argv, str):
                 say(f"skipped {name}: {argv}")
                 records.append({"router": name, "skipped": argv})
                 continue
-            routers[name] = (spawn(argv, port, timeout_s=60, log=f"{logs}/{name}.log"), port)
-            wait_answering(port, probe, routers[name][0])
+            router = spawn(argv, port, timeout_s=60, log=f"{logs}/{name}-{processes}.log")
+            routers[name, processes] = (router, port)
+            wait_answering(port, probe, router)
         for connections in levels:
-            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in routers}
+            rounds: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in routers}
             for i in range(args.rounds):
-                for name, (router, port) in routers.items():
-                    say(f"{name}: {connections} connections, {args.duration} s ({args.client})"
-                        + (f", round {i + 1}/{args.rounds}" if args.rounds > 1 else ""))
-                    rounds[name].append(_measure(args, name, router, port, connections, workers, body))
+                for (name, processes), (router, port) in routers.items():
+                    say(f"{name}{f' x{processes}' if name == 'pdsdk' else ''}: {connections} connections, "
+                        f"{args.duration} s ({args.client})" + (f", round {i + 1}/{args.rounds}" if args.rounds > 1 else ""))
+                    rounds[name, processes].append(_measure(args, name, processes, router, port, connections, workers,
+                                                            body))
             records += [_median_round(rs) for rs in rounds.values()]
     finally:
         stop(*(router for router, _ in routers.values()), *workers)

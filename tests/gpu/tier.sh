@@ -16,7 +16,7 @@
 # store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores, two
 #   engines sharing redis (carry .whl/redis); agent load).
 # routers: `pdsdk bench router --peer vllm-router,sglang-router` on the machine's cores (no GPU), pdsdk's
-#   router with 1 and 8 processes; carry .whl/rbench (the routers' wheels, msgspec, pyzmq, uvloop, psutil,
+#   router with 4, 8 and 16 processes (ROUTER_PROCESSES), 2 rounds each; carry .whl/rbench (the routers' wheels, msgspec, pyzmq, uvloop, psutil,
 #   and Debian's wrk + libluajit .debs: see tests/gpu/README.md). Needs no setup step.
 # hicache CONFIG...: tests/gpu/hicache_sitting.py (SGLang HiCache: its `file` storage against pdsdk stores).
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
@@ -107,12 +107,13 @@ while [ $# -gt 0 ]; do
     store) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
       && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/store_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
       > "$OUT/store.log" 2>&1; grep -E "^(none|vllm-|pdsdk-|shared-)" "$OUT/store.log" || tail -20 "$OUT/store.log"; break ;;
-    routers) python3 -m pip install -q --no-deps .whl/rbench/*.whl . > "$OUT/rbench-install.log" 2>&1 \
+    routers) python3 -m pip install -q --no-deps --no-build-isolation .whl/rbench/*.whl . > "$OUT/rbench-install.log" 2>&1 \
         || tail -5 "$OUT/rbench-install.log"
       for f in .whl/rbench/*.deb; do dpkg -x "$f" "$HOME/wrk"; done
-      for n in 1 8; do (cd /tmp && PATH=$HOME/wrk/usr/bin:$PATH LD_LIBRARY_PATH=$HOME/wrk/usr/lib/x86_64-linux-gnu \
-        timeout 280 python3 -m pdsdk bench router --peer vllm-router,sglang-router --streams 1,64,512 --workers 4 \
-        --processes $n --json "$OUT/router-16core-p$n.json" 2>&1 | tail -14); done; shift ;;
+      (cd /tmp && PATH=$HOME/wrk/usr/bin:$PATH LD_LIBRARY_PATH=$HOME/wrk/usr/lib/x86_64-linux-gnu \
+        timeout $((LIMIT - SECONDS)) python3 -m pdsdk bench router --peer vllm-router,sglang-router --streams 64,512 \
+        --workers 4 --processes ${ROUTER_PROCESSES:-4,8,16} --rounds ${ROUTER_ROUNDS:-2} \
+        --json "$OUT/router-16core.json" 2>&1 | tail -24); shift ;;
     hicache) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
       && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/hicache_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
       > "$OUT/hicache.log" 2>&1; grep -E "^sglang-" "$OUT/hicache.log" || tail -20 "$OUT/hicache.log"; break ;;

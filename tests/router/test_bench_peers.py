@@ -37,6 +37,8 @@ def test_peer_names_are_checked():
     assert out.returncode == 2 and "unknown peer nginx" in out.stderr
     out = run_cli("bench", "router", "--peer", "none", "--duration", "0.5")
     assert out.returncode == 2 and "whole seconds" in out.stderr
+    out = run_cli("bench", "router", "--peer", "none", "--processes", "2,0")
+    assert out.returncode == 2 and "processes >= 1 expected, got '0'" in out.stderr
 
 
 def test_processes_always_said_to_a_router_that_has_the_option(monkeypatch):
@@ -144,7 +146,7 @@ def _args(**kw):
     import argparse
 
     base = {"streams": "1,4", "tokens": 4, "policy": "round_robin", "workers": 2, "duration": 1, "warmup": 0,
-            "client": "python", "client_threads": 1, "processes": 1, "peer": [], "rounds": 1}
+            "client": "python", "client_threads": 1, "processes": [1], "peer": [], "rounds": 1}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -166,6 +168,12 @@ def test_pdsdk_router_alone(client):
     recs = bench_peers.compare(_args(client=client), say=lambda *_: None)
     for r in _check(recs, "pdsdk", [1, 4]):
         assert r["client"] == client and r["processes"] == 1 and r["ratio_to_best_peer"] is None
+
+
+@pytest.mark.slow
+def test_pdsdk_router_at_several_process_counts():
+    recs = bench_peers.compare(_args(streams="4", processes=[1, 2]), say=lambda *_: None)
+    assert [r["processes"] for r in _check(recs, "pdsdk", [4, 4])] == [1, 2]
 
 
 @pytest.mark.slow

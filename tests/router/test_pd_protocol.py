@@ -40,6 +40,25 @@ def test_sglang_bodies_and_rooms():
     assert any(r >= 2**62 for r in rooms)  # uses the full 63 bits
 
 
+def test_new_request_ids_are_unique_here_and_in_a_forked_child():
+    import os
+    import re
+
+    from pdsdk.router.http.client_request import new_request_id
+
+    ids = {new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(re.fullmatch("[0-9a-f]{32}", i) for i in ids)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child forked from a router process (as multiprocessing may) starts its own series
+        os.write(w, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 64).decode()
+    os.close(r), os.close(w)
+    assert child not in ids and child[:16] != next(iter(ids))[:16]
+
+
 def test_vllm_pd_end_to_end_same_request_id():
     async def main():
         async with Harness("vllm", prefill=1, decode=1) as h:
