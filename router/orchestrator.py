@@ -42,6 +42,8 @@ class Orchestrator:
         self._warned_no_params: set[str] = set()
         self._ask_tokens = cfg.tokenize_via_worker  # off for good when a worker has no /tokenize (auto)
         self.failures = ThrottledLog()  # one line per worker per minute about failed attempts
+        # Made in the serving loop. Kept: asyncio.get_running_loop() is a getpid() system call on Python 3.11.
+        self.loop = asyncio.get_running_loop()
 
     # --- planning -------------------------------------------------------------------------
     def _choose(self, role: str, req: RouteRequest, excluded: set[str]) -> Choice:
@@ -73,7 +75,7 @@ class Orchestrator:
 
     # --- the request ----------------------------------------------------------------------
     async def serve(self, request: web.Request, body: dict, req: RouteRequest, path: str) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         budget, asked = self.cfg.request_timeout_s, req.extra.get("timeout")
         if asked is not None and asked < budget:
             budget = asked
@@ -150,14 +152,13 @@ class Orchestrator:
                     w.breaker.release()
                 self.policies[w.role].on_finish(w, req, ok)
 
-    @staticmethod
-    def _workers_fault(e: Retryable, req: RouteRequest, deadline: float) -> bool:
+    def _workers_fault(self, e: Retryable, req: RouteRequest, deadline: float) -> bool:
         """Does this failure count against the worker's breaker at once? Not when the client's own
         deadline ran out, and not yet for an error status: a body no worker can serve is the client's."""
         if e.status is not None:
             return False
         return not (e.timed_out and req.extra.get("clients_deadline")
-                    and asyncio.get_running_loop().time() >= deadline - DEADLINE_SLACK_S)
+                    and self.loop.time() >= deadline - DEADLINE_SLACK_S)
 
     def _headers(self, rid: str) -> dict[str, str]:
         h = {"X-Request-Id": rid}
@@ -166,7 +167,7 @@ class Orchestrator:
         return h
 
     def _first_timeout(self, stream: bool, deadline: float) -> float:
-        left = max(0.0, deadline - asyncio.get_running_loop().time())
+        left = max(0.0, deadline - self.loop.time())
         # A non-streamed answer only starts when generation ends: only the deadline bounds it.
         return min(self.cfg.first_token_timeout_s, left) if stream else left
 
@@ -195,10 +196,10 @@ class Orchestrator:
         if "t0" in req.extra:
             metrics.TTFB.observe(time.perf_counter() - req.extra["t0"])
         if opened.resp.status >= 400 or not stream:
-            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            left = max(0.0, deadline - self.loop.time())
             data = await read_all(opened, left)
             return passthrough(opened.resp.status, data, opened.resp.content_type, req.request_id)
-        return await relay(request, opened, self.cfg.first_token_timeout_s, deadline, req.request_id)
+        return await relay(request, opened, self.cfg.first_token_timeout_s, deadline, req.request_id, self.loop)
 
     async def _vllm(self, request, plan: Plan, path, body, req: RouteRequest, deadline, judged):
         hints = req.extra.get("hints", {})
@@ -234,7 +235,7 @@ class Orchestrator:
                                       deadline, judged)
         n = batch_size(body)
         pbody = pd_bodies.sglang_pd_body(body, p.host, p.bootstrap_port, pd_bodies.new_room(n), n, hints)
-        left = max(0.0, deadline - asyncio.get_running_loop().time())
+        left = max(0.0, deadline - self.loop.time())
         prefill = asyncio.ensure_future(post_json(self.client, p, path, pbody, self._headers(req.request_id),
                                                   left))
         try:

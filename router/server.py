@@ -127,8 +127,9 @@ class Router:
         req.extra["t0"] = start
         if exact:
             req.extra["raw"] = raw  # sent on as it is when the worker's body is the client's
-        known = self.cfg.models or self.pool.models()
-        if req.model is not None and known and req.model not in known:
+        if req.model is not None and not (req.model in self.cfg.models if self.cfg.models else
+                                          self.pool.serves(req.model)):
+            known = self.cfg.models or self.pool.models()
             metrics.count_request(route, "404")
             return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
                               "not_found_error")

@@ -146,3 +146,12 @@ class WorkerPool:
 
     def models(self) -> list[str]:
         return sorted({m for w in self.workers.values() for m in w.models})
+
+    def serves(self, model: str) -> bool:
+        """Does a worker serve `model`, or has none said which models it serves? (as models() would tell)"""
+        said = False
+        for w in self.workers.values():
+            if model in w.models:
+                return True
+            said = said or bool(w.models)
+        return not said

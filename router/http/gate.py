@@ -109,6 +109,7 @@ class Conn(asyncio.Protocol):
 
     def __init__(self, gate: Gate, inner: asyncio.Protocol):
         self.gate, self.inner = gate, inner
+        self.loop = asyncio.get_running_loop()  # made by the serving loop's protocol factory
         self.transport: asyncio.Transport | None = None
         self.addr = "-"
         self.request: web.BaseRequest | None = None  # the request being handled
@@ -189,7 +190,7 @@ class Conn(asyncio.Protocol):
 
     # --- deadlines and half-close ----------------------------------------------------------
     def _arm(self) -> None:
-        self.timer = asyncio.get_running_loop().call_later(self.gate.read_timeout_s, self._head_late)
+        self.timer = self.loop.call_later(self.gate.read_timeout_s, self._head_late)
 
     def _head_late(self) -> None:
         self.timer = None
@@ -207,7 +208,7 @@ class Conn(asyncio.Protocol):
             if request.version < HttpVersion11:
                 return False  # no interim response for HTTP/1.0: take it as gone
             self.transport.write(_PROBE)
-            self.poller = asyncio.get_running_loop().call_later(_POLL_S, self._check_gone)
+            self.poller = self.loop.call_later(_POLL_S, self._check_gone)
         return True
 
     def _check_gone(self) -> None:
@@ -223,7 +224,7 @@ class Conn(asyncio.Protocol):
         if gone:
             t.abort()  # connection_lost: aiohttp cancels the handler, which drops the workers' requests
         else:
-            self.poller = asyncio.get_running_loop().call_later(_POLL_S, self._check_gone)
+            self.poller = self.loop.call_later(_POLL_S, self._check_gone)
 
 
 class GateSite(web.BaseSite):

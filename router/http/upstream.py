@@ -121,7 +121,7 @@ class _HeadWithBody(web.StreamResponse):
 
 
 async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadline: float,
-                request_id: str) -> web.StreamResponse:
+                request_id: str, loop: asyncio.AbstractEventLoop) -> web.StreamResponse:
     """Stream the worker's body to the client as it arrives.
 
     Direct mode (a chunked answer to an HTTP/1.1 client, the usual case): after the first bytes
@@ -152,8 +152,7 @@ async def relay(request: web.Request, opened: Opened, gap_timeout: float, deadli
         except ConnectionResetError:
             metrics.CLIENT_CANCELLED.inc()  # it left before its answer: there is no one left to tell
         return out
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
+    task = asyncio.current_task(loop)
     transport = request.transport
     reading: float | None = None  # last bytes from the worker (or start of the read); None: not counting
     waiting = False  # awaiting the worker: the only place the watchdog may cancel us
