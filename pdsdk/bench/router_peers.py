@@ -227,7 +227,8 @@ def report(args, records: list[dict[str, Any]], console) -> int:
     if args.doc:
         rows = [[f"{r['router']} {r['version']}", r["processes"], r["connections"], _cell(r["rps"]),
                  r["p50_ms"], r["p99_ms"], _cell(r["cpu_us_per_req"]), r["errors"],
-                 _cell(r["ratio_to_best_peer"]), f"{r['client']}, {r['workers']} workers"]
+                 _cell(r["ratio_to_best_peer"]), _cell(r["p99_ratio_to_best_peer"]),
+                 f"{r['client']}, {r['workers']} workers, {len(r.get('rounds_rps', [0]))} rounds"]
                 for r in records if "rps" in r]
         try:
             console.print(f"appended {len(rows)} rows to {append_rows(args.doc, SECTION, rows)}")

@@ -16,8 +16,9 @@
 # store CONFIG...: tests/gpu/store_sitting.py (vLLM with no store, OffloadingConnector, pdsdk stores, two
 #   engines sharing redis (carry .whl/redis); agent load).
 # routers: `pdsdk bench router --peer vllm-router,sglang-router` on the machine's cores (no GPU), pdsdk's
-#   router with 4, 8 and 16 processes (ROUTER_PROCESSES), 2 rounds each; carry .whl/rbench (the routers' wheels, msgspec, pyzmq, uvloop, psutil,
-#   and Debian's wrk + libluajit .debs: see tests/gpu/README.md). Needs no setup step.
+#   router with 8, 12 and 16 processes (ROUTER_PROCESSES), 3 rounds (ROUTER_ROUNDS); carry .whl/rbench (the
+#   routers' wheels and their fastapi/uvicorn, msgspec, pyzmq, uvloop, psutil, and Debian's wrk + libluajit .debs:
+#   see tests/gpu/README.md). Needs no setup step.
 # hicache CONFIG...: tests/gpu/hicache_sitting.py (SGLang HiCache: its `file` storage against pdsdk stores).
 # serve CONFIG...: tests/gpu/serve_tier.py (vLLM or SGLang configurations) with the rest of the call's time (10 minutes a call).
 set -uo pipefail
@@ -112,7 +113,7 @@ while [ $# -gt 0 ]; do
       for f in .whl/rbench/*.deb; do dpkg -x "$f" "$HOME/wrk"; done
       (cd /tmp && PATH=$HOME/wrk/usr/bin:$PATH LD_LIBRARY_PATH=$HOME/wrk/usr/lib/x86_64-linux-gnu \
         timeout $((LIMIT - SECONDS)) python3 -m pdsdk bench router --peer vllm-router,sglang-router --streams 64,512 \
-        --workers 4 --processes ${ROUTER_PROCESSES:-4,8,16} --rounds ${ROUTER_ROUNDS:-2} \
+        --workers 4 --processes ${ROUTER_PROCESSES:-8,12,16} --rounds ${ROUTER_ROUNDS:-3} \
         --json "$OUT/router-16core.json" 2>&1 | tail -24); shift ;;
     hicache) shift; (cd /tmp && python3 "$SRC/tests/gpu/qwen3_model.py" "$HOME/qwen3-8b-config" --config-only \
       && timeout $((LIMIT - SECONDS)) python3 "$SRC/tests/gpu/hicache_sitting.py" "$OUT" "$HOME/qwen3-8b-config" "$@") \
