@@ -306,15 +306,40 @@ def test_sigterm_drains_every_process_and_leaves_none_behind():
 
 
 @pytest.mark.slow
-def test_serving_processes_die_with_a_killed_parent():
+def test_serving_processes_die_with_a_killed_parent_and_the_next_router_clears_its_folder():
     async def main():
         w, = await workers(1)
         r = await Router("--worker", w.url).started()
         children = r.children()
+        state_dir = psutil.Process(min(children)).cmdline()[-4]
         r.proc.kill()
         r.proc.wait(5)
         assert await until(lambda: all(gone(p) for p in children), 10)
+        assert os.path.isdir(state_dir)  # nobody was left to remove it
+        again = await Router("--worker", w.url).started()
+        try:
+            assert not os.path.exists(state_dir)
+        finally:
+            assert await again.stop() == 0
     run(main())
+
+
+def test_only_this_users_folders_of_dead_routers_are_removed(tmp_path):
+    from pdsdk.router.processes.parent import make_state_dir, remove_stale_state_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = tmp_path / f"pdsdk-router-{dead.pid}-abc", tmp_path / f"pdsdk-router-{os.getpid()}-def"
+    other, target = tmp_path / "pdsdk-router-x-1", tmp_path / "elsewhere"
+    for d in (stale, live, other, target):
+        d.mkdir()
+    (stale / "metrics").mkdir()
+    link = tmp_path / f"pdsdk-router-{dead.pid}-lnk"
+    link.symlink_to(target)
+    assert remove_stale_state_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.is_dir() and other.is_dir() and target.is_dir() and link.is_symlink()
+    mine = make_state_dir(str(tmp_path))
+    assert os.path.basename(mine).startswith(f"pdsdk-router-{os.getpid()}-") and os.stat(mine).st_mode & 0o777 == 0o700
 
 
 @pytest.mark.slow
