@@ -26,6 +26,7 @@ def test_plugins_json():
         assert r["loadable"] == (r["why_not"] is None)
 
 
+@pytest.mark.slow  # several CLI processes: the full suite only (make test-fast stays under 2 min)
 def test_config_check_unknown_store_names_field_value_and_choices():
     out = run_cli("config", "check", '{"transport":"nixl","store":"nosuch"}')
     assert out.returncode != 0
@@ -41,6 +42,7 @@ def test_config_check_malformed_json_gives_line_and_column():
     assert "line 2 column 11" in out.stderr
 
 
+@pytest.mark.slow  # several CLI processes: the full suite only (make test-fast stays under 2 min)
 def test_config_check_prints_resolved_config_and_fingerprint(tmp_path):
     from pdsdk.config import load_config
 

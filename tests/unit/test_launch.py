@@ -185,6 +185,7 @@ def test_emit_k8s_refuses_kv_events_and_restart_never_naming_the_option(tmp_path
     assert not list(tmp_path.glob("*.yaml"))
 
 
+@pytest.mark.slow  # a CLI process each: the full suite only (make test-fast stays under 2 min)
 @pytest.mark.parametrize("engine,needs", [("sglang", "GPU"), ("vllm", "vLLM")])
 def test_a_missing_engine_is_named_before_anything_starts(engine, needs, tmp_path):
     """The reproduction: `pdsdk launch --engine sglang` without SGLang started processes, then
