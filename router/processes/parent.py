@@ -2,9 +2,8 @@
 serving processes (child.py), starts another when one dies, and on SIGTERM or SIGINT stops them
 all (each drains its requests) before it exits. It serves no request itself.
 
-Its private folder (0700, in /dev/shm where there is one) holds the local sockets, the load table and
-prometheus_client's multiprocess files; it is removed at exit, or by the next router's start if the parent
-was killed. Each process reads the config on its stdin.
+Its private folder (state_dir.py) is removed at exit, or by the next router's start if the parent was
+killed. Each process reads the config on its stdin.
 """
 
 from __future__ import annotations
@@ -12,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 
 import msgspec
@@ -26,6 +23,7 @@ from pdsdk.errors import ConfigError
 from pdsdk.router.config import RouterConfig
 from pdsdk.router.processes.load_table import LoadTable
 from pdsdk.router.processes.primary import Primary
+from pdsdk.router.processes.state_dir import open_state_dir
 
 log = logging.getLogger("pdsdk.router")
 START_TIMEOUT_S = 60.0
@@ -35,41 +33,14 @@ QUICK_EXIT_S = 10.0  # a process that dies sooner than this after its start is r
 
 def run(cfg: RouterConfig) -> None:
     cfg.validate()
-    state_dir = make_state_dir()
+    state_dir, lock = open_state_dir()
     try:
         asyncio.run(Parent(cfg, state_dir).main())
     except KeyboardInterrupt:
         pass
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
-
-
-def make_state_dir(base: str | None = None) -> str:
-    """The parent's private folder, named after its pid; first, the folders of routers that were
-    killed before they could remove theirs (SIGKILL) go."""
-    base = base or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-    remove_stale_state_dirs(base)
-    return tempfile.mkdtemp(prefix=f"pdsdk-router-{os.getpid()}-", dir=base)
-
-
-def remove_stale_state_dirs(base: str) -> list[str]:
-    """Remove this user's router folders in `base` whose process is gone; returns their paths."""
-    gone = []
-    for entry in os.scandir(base):
-        m = _STATE_DIR.fullmatch(entry.name)
-        try:
-            if not m or not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-            os.kill(int(m[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            gone.append(entry.path)
-        except OSError:
-            continue  # alive (another user's process, or a folder that just went)
-    return gone
-
-
-_STATE_DIR = re.compile(r"pdsdk-router-(\d+)-\w+")
+        os.close(lock)
 
 
 def _reserve(host: str, port: int) -> socket.socket:

@@ -55,7 +55,8 @@ def test_new_request_ids_are_unique_here_and_in_a_forked_child():
         os._exit(0)
     os.waitpid(pid, 0)
     child = os.read(r, 64).decode()
-    os.close(r), os.close(w)
+    os.close(r)
+    os.close(w)
     assert child not in ids and child[:16] != next(iter(ids))[:16]
 
 

@@ -324,22 +324,25 @@ def test_serving_processes_die_with_a_killed_parent_and_the_next_router_clears_i
     run(main())
 
 
-def test_only_this_users_folders_of_dead_routers_are_removed(tmp_path):
-    from pdsdk.router.processes.parent import make_state_dir, remove_stale_state_dirs
+def test_only_unlocked_router_folders_of_this_user_are_removed(tmp_path):
+    """A live router is told by its lock, not its pid: containers sharing /dev/shm do not share pids."""
+    from pdsdk.router.processes.state_dir import open_state_dir, remove_stale
 
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    stale, live = tmp_path / f"pdsdk-router-{dead.pid}-abc", tmp_path / f"pdsdk-router-{os.getpid()}-def"
-    other, target = tmp_path / "pdsdk-router-x-1", tmp_path / "elsewhere"
-    for d in (stale, live, other, target):
-        d.mkdir()
-    (stale / "metrics").mkdir()
-    link = tmp_path / f"pdsdk-router-{dead.pid}-lnk"
-    link.symlink_to(target)
-    assert remove_stale_state_dirs(str(tmp_path)) == [str(stale)]
-    assert not stale.exists() and live.is_dir() and other.is_dir() and target.is_dir() and link.is_symlink()
-    mine = make_state_dir(str(tmp_path))
-    assert os.path.basename(mine).startswith(f"pdsdk-router-{os.getpid()}-") and os.stat(mine).st_mode & 0o777 == 0o700
+    live, held = open_state_dir(str(tmp_path))
+    stale, gone = open_state_dir(str(tmp_path))
+    os.mkdir(os.path.join(stale, "metrics"))
+    os.close(gone)  # its router died: the lock is let go
+    unlocked = tmp_path / "pdsdk-router-older"  # no lock file: being made, or an older router's
+    unlocked.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "lock").touch()
+    (tmp_path / "pdsdk-router-link").symlink_to(target)
+    assert remove_stale(str(tmp_path)) == [stale]
+    assert os.path.isdir(live) and unlocked.is_dir() and (target / "lock").exists()
+    assert os.stat(live).st_mode & 0o777 == 0o700
+    os.close(held)  # the live router dies: its folder goes with the next start
+    assert remove_stale(str(tmp_path)) == [live]
 
 
 @pytest.mark.slow
