@@ -127,8 +127,7 @@ class Router:
         req.extra["t0"] = start
         if exact:
             req.extra["raw"] = raw  # sent on as it is when the worker's body is the client's
-        if req.model is not None and not (req.model in self.cfg.models if self.cfg.models else
-                                          self.pool.serves(req.model)):
+        if req.model is not None and not self._serves(req.model):
             known = self.cfg.models or self.pool.models()
             metrics.count_request(route, "404")
             return json_error(404, f"model {req.model!r} is not served here; served: {', '.join(known)}",
@@ -137,6 +136,10 @@ class Router:
         metrics.count_request(route, str(resp.status))
         metrics.DURATION.observe(time.perf_counter() - start)
         return resp
+
+    def _serves(self, model: str) -> bool:
+        """--model names when given, else what the workers said (a worker set that said nothing serves any)."""
+        return model in self.cfg.models if self.cfg.models else self.pool.serves(model)
 
     async def handle_models(self, request: web.Request) -> web.Response:
         denied = self._client_denied(request)

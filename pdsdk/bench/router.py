@@ -21,10 +21,10 @@ Comparing with peers (--peer vllm-router,sglang-router; `pip install 'pdsdk[benc
 instead of the runs above, pdsdk's router (--processes N of it, or one per count) and each peer sit in front
 of the same --workers lean workers (one process each), round robin, and get the same closed loop
 of 1/50/500 keep-alive connections (--streams) for --duration seconds from wrk (when installed;
---client python for the lean client), taking turns --rounds times per level (the median round is
-recorded, and the ratios are the medians of each round's own). Per router and level: requests/s, p50/p99 of the whole
-streamed answer, CPU us per request of the router's whole process tree (/proc), errors, and the
-ratio to the best peer's requests/s and p99 at that level. A peer that is not installed is
+--client python for the lean client), taking turns --rounds times per level. Per router and level
+(its median round): requests/s, p50/p99 of the whole streamed answer, CPU us per request of the
+router's whole process tree (/proc), errors, and the ratios to the best peer's requests/s and p99
+(the medians of each round's own ratios). A peer that is not installed is
 skipped. `--peer none` runs pdsdk's router alone in the same setup.
 """
 
